@@ -1,0 +1,350 @@
+"""The agent's HTTP server: routes, bearer-token auth, errors as JSON (standard library only).
+
+Run as ``python3 -m podmigrate.agent.server --role node|lan --name NAME --uds PATH --tcp IP:PORT
+--token-file PATH``. It listens on a Unix socket (how the host-side controller reaches it across
+namespaces) and on TCP on the node's LAN address (agent to agent, and the DaemonSet's port). Every
+request must carry ``Authorization: Bearer <token>``; errors travel as ``{"error": {...}}`` in the
+shape of ``podmigrate.errors``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hmac
+import json
+import os
+import re
+import shutil
+import socket
+import socketserver
+import sys
+import threading
+import time
+import traceback
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+from podmigrate import layout
+from podmigrate.agent.probe import KeepAlive, Probe
+from podmigrate.errors import AgentError, PodmigrateError, UsageError
+from podmigrate.routing.route import RouteRouter
+from podmigrate.runtime.podman import Podman
+from podmigrate.transport import registry
+
+Handler = Callable[[dict[str, str], dict[str, Any]], Any]
+STATUS = {"UsageError": 400, "AgentError": 502, "LabError": 503}
+_SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+
+
+class App:
+    """A route table: (method, regex) -> handler(params, body)."""
+
+    def __init__(self, name: str, role: str, token: str):
+        self.name, self.role, self.token = name, role, token
+        self.routes: list[tuple[str, re.Pattern[str], Handler]] = []
+        self.started = time.time()
+
+    def route(self, method: str, pattern: str) -> Callable[[Handler], Handler]:
+        def deco(fn: Handler) -> Handler:
+            self.routes.append((method, re.compile(f"^{pattern}$"), fn))
+            return fn
+
+        return deco
+
+    def dispatch(self, method: str, path: str, auth: str | None, body: bytes) -> tuple[int, Any]:
+        if not hmac.compare_digest((auth or "").encode(), f"Bearer {self.token}".encode()):
+            return 401, {
+                "error": AgentError(
+                    f"agent {self.name}: missing or wrong token", hint="use the lab's token file"
+                ).to_wire()
+            }
+        path = path.split("?", 1)[0]
+        for m, rx, fn in self.routes:
+            match = rx.match(path)
+            if match and m == method:
+                try:
+                    data = json.loads(body) if body else {}
+                    return 200, fn(match.groupdict(), data)
+                except PodmigrateError as e:
+                    e.details.setdefault("node", self.name)
+                    return STATUS.get(type(e).__name__, 500), {"error": e.to_wire()}
+                except Exception as e:
+                    return 500, {
+                        "error": AgentError(
+                            f"agent {self.name}: {type(e).__name__}: {e}",
+                            details={"traceback": traceback.format_exc()[-3000:], "node": self.name},
+                        ).to_wire()
+                    }
+        return 404, {"error": UsageError(f"agent {self.name} has no {method} {path}").to_wire()}
+
+
+def make_handler(app: App) -> type[BaseHTTPRequestHandler]:
+    class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def address_string(self) -> str:
+            return str(self.client_address[0]) if self.client_address else "unix"
+
+        def _handle(self) -> None:
+            n = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(n) if n else b""
+            status, data = app.dispatch(self.command, self.path, self.headers.get("Authorization"), body)
+            out = json.dumps(data).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+
+        do_GET = do_POST = do_PUT = do_DELETE = _handle
+
+    return H
+
+
+class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+def _safe_id(value: str) -> str:
+    if not _SAFE_ID.match(value):
+        raise UsageError(f"not a valid checkpoint id: {value!r}")
+    return value
+
+
+def node_app(app: App) -> None:
+    rt = Podman(app.name)
+    ckdir = Path(layout.NODE_CHECKPOINTS)
+
+    def archive(cid: str) -> Path:
+        return ckdir / f"{_safe_id(cid)}.tar"
+
+    @app.route("GET", "/v1/info")
+    def info(p: dict[str, str], b: dict[str, Any]) -> Any:
+        free = shutil.disk_usage(ckdir)
+        return {
+            "name": app.name,
+            "role": app.role,
+            "ip": layout.node_ip(app.name),
+            "pid": os.getpid(),
+            "started": app.started,
+            "disk_free_bytes": free.free,
+            **rt.info(),
+        }
+
+    @app.route("GET", "/v1/containers")
+    def containers(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return rt.list_containers()
+
+    @app.route("POST", "/v1/containers")
+    def run(p: dict[str, str], b: dict[str, Any]) -> Any:
+        rt.ensure_image(b["image"])
+        return rt.run(b)  # type: ignore[arg-type]
+
+    @app.route("POST", "/v1/pods")
+    def pod(p: dict[str, str], b: dict[str, Any]) -> Any:
+        rt.create_pod(b["name"], b.get("network", layout.WORKLOAD_NETWORK))
+        return {"name": b["name"]}
+
+    @app.route("DELETE", "/v1/containers/(?P<name>[^/]+)")
+    def remove(p: dict[str, str], b: dict[str, Any]) -> Any:
+        rt.remove(p["name"])
+        return {"removed": p["name"]}
+
+    @app.route("POST", "/v1/containers/(?P<name>[^/]+)/checkpoint")
+    def checkpoint(p: dict[str, str], b: dict[str, Any]) -> Any:
+        a = archive(b["checkpoint_id"])
+        res = rt.checkpoint(
+            p["name"], a, tcp_established=b.get("tcp_established", True), leave_running=b.get("leave_running", False)
+        )
+        return {**res, "archive": str(a)}
+
+    @app.route("POST", "/v1/containers/(?P<name>[^/]+)/restore")
+    def restore_local(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return rt.restore_local(p["name"], tcp_established=b.get("tcp_established", True))
+
+    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/restore")
+    def restore_archive(p: dict[str, str], b: dict[str, Any]) -> Any:
+        if b.get("image"):
+            b["image_pulled"] = rt.ensure_image(b["image"])
+        res = rt.restore_archive(archive(p["cid"]), tcp_established=b.get("tcp_established", True))
+        return {**res, "image_pulled": b.get("image_pulled", False)}
+
+    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/push")
+    def push(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return registry.push_checkpoint(archive(p["cid"]), b["reference"], b.get("annotations") or {})
+
+    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/pull")
+    def pull(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return registry.pull_checkpoint(b["reference"], archive(p["cid"]))
+
+    @app.route("DELETE", "/v1/checkpoints/(?P<cid>[^/]+)")
+    def delete(p: dict[str, str], b: dict[str, Any]) -> Any:
+        a = archive(p["cid"])
+        existed = a.exists()
+        a.unlink(missing_ok=True)
+        a.with_name(a.name + ".part").unlink(missing_ok=True)
+        return {"deleted": existed}
+
+    @app.route("GET", "/v1/checkpoints")
+    def listing(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return [
+            {"id": f.stem, "bytes": f.stat().st_size, "mtime": f.stat().st_mtime} for f in sorted(ckdir.glob("*.tar"))
+        ]
+
+    @app.route("POST", "/v1/registry/delete")
+    def reg_delete(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {"deleted": registry.delete_checkpoint(b["reference"])}
+
+
+def lan_app(app: App) -> None:
+    router = RouteRouter()
+    probes: dict[str, Probe] = {}
+    conns: dict[str, KeepAlive] = {}
+
+    @app.route("GET", "/v1/info")
+    def info(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {
+            "name": app.name,
+            "role": app.role,
+            "pid": os.getpid(),
+            "started": app.started,
+            "router": router.name,
+            "probes": len(probes),
+        }
+
+    @app.route("GET", "/v1/routes")
+    def routes(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return router.routes()
+
+    @app.route("PUT", "/v1/routes/(?P<addr>[0-9.]+)")
+    def switch(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return router.switch(p["addr"], b["via"])
+
+    @app.route("DELETE", "/v1/routes/(?P<addr>[0-9.]+)")
+    def unroute(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {"removed": router.remove(p["addr"])}
+
+    @app.route("GET", "/v1/routes/(?P<addr>[0-9.]+)")
+    def lookup(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {"addr": p["addr"], "via": router.lookup(p["addr"])}
+
+    @app.route("POST", "/v1/http")
+    def http_get(p: dict[str, str], b: dict[str, Any]) -> Any:
+        """GET a URL from the LAN, as a client of the service would."""
+        t0 = time.time()
+        try:
+            with urllib.request.urlopen(b["url"], timeout=float(b.get("timeout", 10))) as r:
+                body = r.read()
+                status = r.status
+        except urllib.error.HTTPError as e:
+            body, status = e.read(), e.code
+        except (OSError, ValueError) as e:
+            return {"ok": False, "error": f"{type(e).__name__}: {e}", "elapsed": time.time() - t0}
+        return {
+            "ok": status == 200,
+            "status": status,
+            "body": body.decode(errors="replace"),
+            "elapsed": time.time() - t0,
+        }
+
+    @app.route("POST", "/v1/probes")
+    def start_probe(p: dict[str, str], b: dict[str, Any]) -> Any:
+        pr = Probe(
+            b["host"],
+            int(b["port"]),
+            b.get("path", "/healthz"),
+            float(b.get("interval", 0.02)),
+            float(b.get("timeout", 1.0)),
+        )
+        probes[pr.id] = pr
+        return {"id": pr.id}
+
+    @app.route("GET", "/v1/probes/(?P<pid>[0-9a-f]+)")
+    def read_probe(p: dict[str, str], b: dict[str, Any]) -> Any:
+        if p["pid"] not in probes:
+            raise UsageError(f"no probe {p['pid']}")
+        return probes[p["pid"]].snapshot()
+
+    @app.route("DELETE", "/v1/probes/(?P<pid>[0-9a-f]+)")
+    def stop_probe(p: dict[str, str], b: dict[str, Any]) -> Any:
+        pr = probes.pop(p["pid"], None)
+        if pr is None:
+            raise UsageError(f"no probe {p['pid']}")
+        return pr.stop()
+
+    _connections(app, conns)
+
+
+def _connections(app: App, conns: dict[str, KeepAlive]) -> None:
+    @app.route("POST", "/v1/connections")
+    def open_conn(p: dict[str, str], b: dict[str, Any]) -> Any:
+        try:
+            ka = KeepAlive(b["host"], int(b["port"]), b.get("path", "/counter"), float(b.get("interval", 0.05)))
+        except OSError as e:
+            raise UsageError(f"cannot connect to {b['host']}:{b['port']}: {e}") from e
+        conns[ka.id] = ka
+        return ka.status()
+
+    @app.route("GET", "/v1/connections/(?P<cid>[0-9a-f]+)")
+    def conn_status(p: dict[str, str], b: dict[str, Any]) -> Any:
+        if p["cid"] not in conns:
+            raise UsageError(f"no connection {p['cid']}")
+        return conns[p["cid"]].status()
+
+    @app.route("DELETE", "/v1/connections/(?P<cid>[0-9a-f]+)")
+    def close_conn(p: dict[str, str], b: dict[str, Any]) -> Any:
+        ka = conns.pop(p["cid"], None)
+        if ka is None:
+            raise UsageError(f"no connection {p['cid']}")
+        return ka.stop()
+
+
+def serve(args: argparse.Namespace) -> None:
+    token = Path(args.token_file).read_text().strip()
+    app = App(args.name, args.role, token)
+    (node_app if args.role == "node" else lan_app)(app)
+    handler = make_handler(app)
+    servers: list[socketserver.BaseServer] = []
+    if args.uds:
+        Path(args.uds).unlink(missing_ok=True)
+        tmp = args.uds + ".new"
+        Path(tmp).unlink(missing_ok=True)
+        us = UnixHTTPServer(tmp, handler)
+        os.chmod(tmp, 0o600)
+        os.rename(tmp, args.uds)  # appears only once it accepts connections
+        servers.append(us)
+    if args.tcp:
+        host, _, port = args.tcp.rpartition(":")
+        ThreadingHTTPServer.allow_reuse_address = True
+        ThreadingHTTPServer.daemon_threads = True
+        ts = ThreadingHTTPServer((host, int(port)), handler)
+        ts.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        servers.append(ts)
+    for s in servers[1:]:
+        threading.Thread(target=s.serve_forever, daemon=True).start()
+    print(f"agent {args.name} ({args.role}) serving on {args.uds} and {args.tcp}", flush=True)
+    servers[0].serve_forever()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog="podmigrate-agent")
+    ap.add_argument("--role", choices=["node", "lan"], required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--uds")
+    ap.add_argument("--tcp")
+    ap.add_argument("--token-file", required=True)
+    args = ap.parse_args(argv)
+    if not (args.uds or args.tcp):
+        sys.exit("give --uds and/or --tcp")
+    serve(args)
+
+
+if __name__ == "__main__":
+    main()

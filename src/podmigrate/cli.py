@@ -1,0 +1,276 @@
+"""The command line: each command parses its options and makes one library call.
+
+Errors print as ``ERROR: message`` plus a hint and the details that help (CRIU log lines, a
+failing command's output); ``-v`` adds the traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from podmigrate.errors import PodmigrateError
+
+out = Console()
+err = Console(stderr=True)
+
+
+@contextmanager
+def status(title: str) -> Iterator[Callable[[str], None]]:
+    """A spinner on a terminal, plain lines otherwise; yields a function that reports a step."""
+    if err.is_terminal:
+        with err.status(title) as st:
+
+            def report(msg: str) -> None:
+                err.print(f"  [dim]•[/dim] {msg}")
+                st.update(f"{title}: {msg}")
+
+            yield report
+    else:
+        err.print(title)
+        yield lambda msg: err.print(f"  • {msg}")
+
+
+def fail(e: Exception, verbose: bool) -> None:
+    err.print(f"[bold red]ERROR:[/bold red] {e}", highlight=False, markup=True)
+    if isinstance(e, PodmigrateError) and e.details:
+        for k, v in e.details.items():
+            if k in ("traceback", "record") and not verbose:
+                continue
+            if isinstance(v, list):
+                if v:
+                    err.print(f"  {k}:")
+                    for line in v:
+                        err.print(f"    {line}", highlight=False, markup=False)
+            elif v not in (None, "", {}):
+                err.print(f"  {k}: {v}", highlight=False, markup=False)
+    if verbose:
+        traceback.print_exception(e)
+    sys.exit(1)
+
+
+class Cli(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PodmigrateError as e:
+            fail(e, bool(ctx.obj and ctx.obj.get("verbose")))
+
+
+def emit(data: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=2, default=str))
+    else:
+        render(data)
+
+
+@click.group(cls=Cli)
+@click.option(
+    "--lab", "lab_name", default="default", envvar="PODMIGRATE_LAB", show_default=True, help="Which lab to act on."
+)
+@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks.")
+@click.pass_context
+def main(ctx: click.Context, lab_name: str, verbose: bool) -> None:
+    """podmigrate: live-migrate stateful containers with CRIU, and measure what it costs."""
+    ctx.obj = {"lab": lab_name, "verbose": verbose}
+
+
+def get_lab(ctx: click.Context) -> Any:
+    from podmigrate.lab.cluster import Lab
+
+    return Lab(ctx.obj["lab"])
+
+
+# ---------------------------------------------------------------------------------------- lab
+@main.group()
+def lab() -> None:
+    """Create, inspect, enter and remove the local lab."""
+
+
+@lab.command("up")
+@click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 20), help="Number of nodes.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def lab_up(ctx: click.Context, nodes: int, as_json: bool) -> None:
+    """Build the node image if needed and start the lab (idempotent)."""
+    the_lab = get_lab(ctx)
+    with status(f"Lab {the_lab.name!r} up") as report:
+        st = the_lab.up(nodes=nodes, report=report)
+    emit(st, as_json, render_status)
+
+
+@lab.command("down")
+@click.pass_context
+def lab_down(ctx: click.Context) -> None:
+    """Stop the lab and remove everything it created."""
+    the_lab = get_lab(ctx)
+    with status(f"Lab {the_lab.name!r} down") as report:
+        the_lab.down(report=report)
+    err.print(f"lab {the_lab.name!r} is down")
+
+
+@lab.command("status")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def lab_status(ctx: click.Context, as_json: bool) -> None:
+    """Show nodes, agents, addresses and containers."""
+    st = get_lab(ctx).status()
+    emit(st, as_json, render_status)
+    if not st["up"]:
+        sys.exit(3)
+
+
+def render_status(st: dict[str, Any]) -> None:
+    if not st["up"]:
+        out.print(f"lab {st['name']!r} is not up")
+        return
+    out.print(
+        f"lab [bold]{st['name']}[/bold] up (pid {st['pid']}), registry {st['registry']}, "
+        f"LAN agent {st['lan'].get('agent')}"
+    )
+    t = Table("node", "address", "pods range", "agent", "CRIU", "containers")
+    for n in st["nodes"]:
+        a = n["agent"]
+        ctrs = ", ".join(f"{c['name']}({c['state']} {' '.join(c['ips'])})" for c in n.get("containers", []))
+        t.add_row(
+            n["name"],
+            n["ip"],
+            n["range"],
+            "up" if "criu" in a else str(a.get("error")),
+            str(a.get("criu", "-")),
+            ctrs or "-",
+        )
+    out.print(t)
+
+
+@lab.command("exec", context_settings={"ignore_unknown_options": True})
+@click.argument("target")
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def lab_exec(ctx: click.Context, target: str, argv: tuple[str, ...]) -> None:
+    """Run a command on a node (node-a, ...), on the LAN (lan) or in the lab namespace (lab)."""
+    sys.exit(get_lab(ctx).exec_interactive(target, list(argv)))
+
+
+# ---------------------------------------------------------------------------------------- workload
+@main.group()
+def workload() -> None:
+    """Start, read and stop the stateful test workload (stream-server)."""
+
+
+@workload.command("start")
+@click.argument("kind", type=click.Choice(["heap"]))
+@click.option("--node", required=True, help="Node to start it on (node-a, node-b, ...).")
+@click.option("--name", required=True, help="Container name (the pod name with --sidecar).")
+@click.option("--heap-mb", type=int, default=256, show_default=True, help="Heap size in MB.")
+@click.option("--seed", type=int, default=1234, show_default=True, help="Seed of the heap's contents.")
+@click.option("--sidecar", is_flag=True, help="Run as a pod with a loopback-forwarding sidecar.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def workload_start(
+    ctx: click.Context, kind: str, node: str, name: str, heap_mb: int, seed: int, sidecar: bool, as_json: bool
+) -> None:
+    """Start a stream-server holding a pseudo-random heap of HEAP_MB megabytes."""
+    from podmigrate.workload import manage
+
+    with status(f"Starting {name} on {node}"):
+        st = manage.start(get_lab(ctx), name, node, heap_mb, sidecar=sidecar, seed=seed)
+    emit(st, as_json, render_state)
+
+
+@workload.command("state")
+@click.argument("name")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def workload_state(ctx: click.Context, name: str, as_json: bool) -> None:
+    """Read the workload's state through its service address, from the LAN."""
+    from podmigrate.workload import manage
+
+    emit(manage.state(get_lab(ctx), name), as_json, render_state)
+
+
+@workload.command("stop")
+@click.argument("name")
+@click.pass_context
+def workload_stop(ctx: click.Context, name: str) -> None:
+    """Remove the workload (and any stopped copies) and its route."""
+    from podmigrate.workload import manage
+
+    res = manage.stop(get_lab(ctx), name)
+    err.print(f"removed {', '.join(res['removed'])}")
+
+
+def render_state(st: dict[str, Any]) -> None:
+    out.print(
+        f"[bold]{st['name']}[/bold] on {st['node']} at {st['service']}: counter {st['counter']}, "
+        f"heap {st['heap_mb']} MB sha256 {st['sha256'][:16]}…, pid {st['pid']}"
+    )
+
+
+# ---------------------------------------------------------------------------------------- migrate
+@main.command()
+@click.argument("name")
+@click.option("--to", "target", required=True, help="Target node.")
+@click.option("--mode", default="stop-copy", show_default=True, type=click.Choice(["stop-copy"]))
+@click.option("--transport", default="registry", show_default=True, type=click.Choice(["registry"]))
+@click.option("--no-tcp-established", is_flag=True, help="Do not carry established TCP connections.")
+@click.option(
+    "--probe",
+    help="How to probe the service: http:PORT/PATH or tcp:PORT (default: from the container's podmigrate.* labels).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the full migration record as JSON.")
+@click.pass_context
+def migrate(
+    ctx: click.Context,
+    name: str,
+    target: str,
+    mode: str,
+    transport: str,
+    no_tcp_established: bool,
+    probe: str | None,
+    as_json: bool,
+) -> None:
+    """Move running container NAME to node TARGET with its memory, address and connections."""
+    from podmigrate.engine.controller import Plan
+    from podmigrate.engine.controller import migrate as run_migration
+
+    plan = Plan(
+        workload=name,
+        target=target,
+        mode=mode,
+        transport=transport,
+        tcp_established=not no_tcp_established,
+        probe=probe,
+    )
+    with status(f"Migrating {name} to {target} ({mode}, {transport})") as report:
+        rec = run_migration(get_lab(ctx), plan, report)
+    emit(rec, as_json, render_migration)
+
+
+def render_migration(rec: dict[str, Any]) -> None:
+    t = Table(
+        "phase",
+        "seconds",
+        title=f"migration {rec['id']}: {rec['workload']} {rec['source']} → {rec['target']} ({rec['status']})",
+    )
+    for p, s in rec["phase_s"].items():
+        t.add_row(p, f"{s:.3f}")
+    out.print(t)
+    out.print(
+        f"blackout {rec['blackout_s']:.3f} s ({rec['blackout_method']}), moved {rec['bytes_moved'] / 2**20:.1f} MiB"
+    )
+    if rec.get("checks"):
+        b, a = rec["state_before"], rec["state_after"]
+        out.print(
+            f"heap sha256 before {b['sha256'][:16]}… after {a['sha256'][:16]}… "
+            f"counter {b['counter']} → {a['counter']}  checks: "
+            + ", ".join(f"{k}={'ok' if v else 'FAIL'}" for k, v in rec["checks"].items())
+        )

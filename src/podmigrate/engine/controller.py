@@ -1,0 +1,494 @@
+"""The migration controller: phases, their rollbacks, the record, and crash recovery.
+
+A migration is the ordered list ``PHASES``; it reads as the table of contents::
+
+    validate -> checkpoint -> push -> pull -> restore -> cutover -> verify -> cleanup
+
+Each phase has a ``do`` and, where it changes something, an ``undo`` that works from the persisted
+record alone (so a later process can run it) and is idempotent. If any phase before ``cleanup``
+fails, the controller undoes every phase that started, newest first: the target's copy is removed,
+the route goes back, and the source container is restored in place from the checkpoint that podman
+kept. ``verify`` is the point of no return: only after the target answered with the right state is
+the source removed. A record left ``running`` by a controller that died is rolled back (or, past
+the point of no return, cleaned up) by ``recover``, which every migrate command runs first.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from podmigrate import layout
+from podmigrate.client import AgentClient
+from podmigrate.engine.blackout import blackout, counters_monotonic
+from podmigrate.engine.record import Record, Store
+from podmigrate.errors import MigrationFailed, PodmigrateError, UsageError
+from podmigrate.lab.cluster import Lab
+from podmigrate.workload import manage
+
+Report = Callable[[str], None]
+MODES = ("stop-copy",)
+TRANSPORTS = ("registry",)
+
+
+@dataclass
+class Plan:
+    workload: str
+    target: str
+    mode: str = "stop-copy"
+    transport: str = "registry"
+    tcp_established: bool = True
+    probe: str | None = None  # "http:PORT/PATH" or "tcp:PORT"; default: the container's labels
+    probe_interval: float = 0.02
+    verify_timeout: float = 120.0
+
+
+def parse_probe(spec: str) -> tuple[int, str | None]:
+    """'http:8000/healthz' -> (8000, '/healthz'); 'tcp:5432' -> (5432, None)."""
+    kind, _, rest = spec.partition(":")
+    port, slash, path = rest.partition("/")
+    if kind not in ("http", "tcp") or not port.isdigit() or not 0 < int(port) < 65536 or (kind == "tcp" and slash):
+        raise UsageError(f"not a probe: {spec!r}", hint="use http:PORT/PATH (e.g. http:8000/healthz) or tcp:PORT")
+    return int(port), (f"/{path}" if kind == "http" else None)
+
+
+@dataclass
+class Ctx:
+    lab: Lab
+    store: Store
+    rec: Record
+    report: Report
+    clients: dict[str, AgentClient] = field(default_factory=dict)
+
+    def agent(self, name: str) -> AgentClient:
+        if name not in self.clients:
+            self.clients[name] = self.lab.agent(name)
+        return self.clients[name]
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
+
+    def save(self) -> None:
+        self.store.save(self.rec)
+
+
+def store_for(lab: Lab) -> Store:
+    return Store(lab.dir / "state.db")
+
+
+# ------------------------------------------------------------------------------------ phases
+def validate(ctx: Ctx) -> None:
+    rec = ctx.rec
+    lab = ctx.lab
+    loc = manage.locate(lab, rec["workload"])
+    c = loc.container
+    if c["pod"]:
+        raise UsageError(
+            f"container {c['name']!r} belongs to a pod (with a sidecar); moving whole pods is "
+            "not supported yet, and checkpointing one container would sever its loopback "
+            "connections to the others",
+            hint="migrate a stand-alone container",
+        )
+    if rec["target"] == loc.node:
+        raise UsageError(
+            f"{rec['workload']!r} already runs on {loc.node}",
+            hint=f"pick another node: {', '.join(n for n in lab.nodes if n != loc.node)}",
+        )
+    if loc.others:
+        where = ", ".join(f"{n} ({ci['state']})" for n, ci in loc.others)
+        raise UsageError(
+            f"stopped copies of {rec['workload']!r} are left on {where}",
+            hint="remove them first: podmigrate lab exec NODE -- podman rm NAME",
+        )
+    rec.update(
+        source=loc.node,
+        container=c["name"],
+        container_id=c["id"],
+        image=c["image"],
+        service_addresses=[ip for ip in c["ips"]],
+    )
+    for n in (loc.node, rec["target"]):
+        info = ctx.agent(n).get("/v1/info")
+        ver = tuple(int(x) for x in str(info.get("criu", "0")).split(".")[:2] if x.isdigit())
+        if ver < (4, 2):
+            raise PodmigrateError(
+                f"{n} has CRIU {info.get('criu')}; 4.2 or newer is needed",
+                hint="CRIU < 4.2 cannot dump sockets on kernels >= 6.16",
+            )
+        rec.setdefault("nodes", {})[n] = {k: info.get(k) for k in ("podman", "runc", "criu", "disk_free_bytes")}
+    port, path = loc.port, loc.probe_path or "/healthz"
+    path_or_none: str | None = path
+    if rec["plan"].get("probe"):
+        port, path_or_none = parse_probe(rec["plan"]["probe"])
+    if port and c["ips"]:
+        rec["probe"] = {
+            "host": c["ips"][0],
+            "port": port,
+            "path": path_or_none,
+            "interval": ctx.rec["plan"]["probe_interval"],
+        }
+        if loc.container["labels"].get(manage.LABEL_KIND) == "stream-server":
+            rec["state_before"] = manage.read_state(lab, c["ips"][0], port)
+    ctx.report(
+        f"{c['name']} ({c['id'][:12]}) on {loc.node} -> {rec['target']}, address {', '.join(c['ips']) or 'none'}"
+    )
+
+
+def start_probe(ctx: Ctx) -> None:
+    if ctx.rec.get("probe"):
+        ctx.rec["probe"]["id"] = ctx.agent("lan").post("/v1/probes", ctx.rec["probe"])["id"]
+        # a few answers before the freeze, so that "last success before" exists
+        time.sleep(0.1)
+
+
+def checkpoint(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["source"]).post(
+        f"/v1/containers/{rec['container']}/checkpoint",
+        {"checkpoint_id": rec["id"], "tcp_established": rec["plan"]["tcp_established"]},
+    )
+    rec["freeze_started"] = res["started"]
+    rec.setdefault("criu", {})["dump"] = res["stats"]
+    rec.setdefault("bytes", {})["archive"] = res["archive_bytes"]
+
+
+def undo_checkpoint(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> str:
+    src = agent(rec["source"])
+    ctrs = {c["name"]: c for c in src.get("/v1/containers")}
+    c = ctrs.get(rec["container"])
+    out = "source container untouched"
+    if c and c["state"] != "running":
+        src.post(f"/v1/containers/{rec['container']}/restore", {"tcp_established": rec["plan"]["tcp_established"]})
+        out = f"restored {rec['container']} in place on {rec['source']}"
+    src.delete(f"/v1/checkpoints/{rec['id']}")
+    return out
+
+
+def push(ctx: Ctx) -> None:
+    rec = ctx.rec
+    from podmigrate.transport.registry import checkpoint_annotations
+
+    ann = checkpoint_annotations(
+        rec["container"], {"io.podmigrate.migration": rec["id"], "io.podmigrate.source-node": rec["source"]}
+    )
+    res = ctx.agent(rec["source"]).post(
+        f"/v1/checkpoints/{rec['id']}/push", {"reference": rec["reference"], "annotations": ann}
+    )
+    rec["image"] = rec.get("image")
+    rec["checkpoint_image"] = {k: res[k] for k in ("reference", "manifest_digest", "layer_digest")}
+    rec["bytes"]["pushed"] = res["bytes"]
+
+
+def undo_push(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> str:
+    gone = agent(rec["source"]).post("/v1/registry/delete", {"reference": rec["reference"]})["deleted"]
+    return f"deleted {rec['reference']}" if gone else "no image to delete"
+
+
+def pull(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["target"]).post(f"/v1/checkpoints/{rec['id']}/pull", {"reference": rec["reference"]})
+    if res["layer_digest"] != rec["checkpoint_image"]["layer_digest"]:
+        raise PodmigrateError(
+            f"the registry served {res['layer_digest']} for {rec['reference']}, but "
+            f"{rec['checkpoint_image']['layer_digest']} was pushed"
+        )
+    rec["bytes"]["pulled"] = res["bytes"]
+
+
+def undo_pull(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> str:
+    agent(rec["target"]).delete(f"/v1/checkpoints/{rec['id']}")
+    return f"deleted the archive on {rec['target']}"
+
+
+def restore(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["target"]).post(
+        f"/v1/checkpoints/{rec['id']}/restore",
+        {"image": rec["image"], "tcp_established": rec["plan"]["tcp_established"]},
+    )
+    rec["criu"]["restore"] = res["stats"]
+    rec["restored_at"] = res["ended"]
+    ctrs = {c["name"]: c for c in ctx.agent(rec["target"]).get("/v1/containers")}
+    new = ctrs.get(rec["container"])
+    if not new or new["state"] != "running":
+        raise PodmigrateError(f"{rec['container']} is not running on {rec['target']} after restore")
+    if sorted(new["ips"]) != sorted(rec["service_addresses"]):
+        raise PodmigrateError(
+            f"{rec['container']} came back with addresses {new['ips']}, not {rec['service_addresses']}"
+        )
+
+
+def undo_restore(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> str:
+    tgt = agent(rec["target"])
+    if any(c["name"] == rec["container"] for c in tgt.get("/v1/containers")):
+        tgt.delete(f"/v1/containers/{rec['container']}")
+        return f"removed {rec['container']} from {rec['target']}"
+    return "nothing restored on the target"
+
+
+def cutover(ctx: Ctx) -> None:
+    rec = ctx.rec
+    lan = ctx.agent("lan")
+    switches = [lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(rec["target"])}) for ip in rec["service_addresses"]]
+    rec["cutover"] = {
+        "router": "route",
+        "switches": switches,
+        "switch_s": round(sum(s["ended"] - s["started"] for s in switches), 6),
+    }
+
+
+def undo_cutover(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> str:
+    lan = agent("lan")
+    for ip in rec["service_addresses"]:
+        lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(rec["source"])})
+    return f"routed {', '.join(rec['service_addresses'])} back to {rec['source']}"
+
+
+def verify(ctx: Ctx) -> None:
+    rec = ctx.rec
+    probe = rec.get("probe")
+    checks: dict[str, Any] = {}
+    if probe and probe["path"]:
+        url = f"http://{probe['host']}:{probe['port']}{probe['path']}"
+        deadline = time.monotonic() + rec["plan"]["verify_timeout"]
+        while not manage.lan_get(ctx.lab, url, timeout=2)["ok"]:
+            if time.monotonic() > deadline:
+                raise PodmigrateError(f"{rec['container']} does not answer at {url} on {rec['target']}")
+            time.sleep(0.02)
+        rec["first_answer_at"] = time.time()
+    if probe and rec.get("state_before"):
+        after = manage.read_state(ctx.lab, probe["host"], probe["port"])
+        rec["state_after"] = after
+        before = rec["state_before"]
+        if after is None:
+            raise PodmigrateError(f"{rec['container']} answers but /state fails on {rec['target']}")
+        checks["sha256_equal"] = after.get("sha256") == before.get("sha256")
+        checks["counter_not_backwards"] = after.get("counter", -1) >= before.get("counter", 0)
+        checks["same_process_start"] = after.get("started") == before.get("started")
+        rec["checks"] = checks
+        if not checks["sha256_equal"] or not checks["counter_not_backwards"]:
+            raise PodmigrateError(
+                f"state check failed after restore on {rec['target']}: {checks}",
+                details={"before": before, "after": after},
+            )
+    finish_probe(ctx)
+
+
+def finish_probe(ctx: Ctx) -> None:
+    rec = ctx.rec
+    probe = rec.get("probe")
+    if not probe or not probe.get("id") or "records" in probe:
+        return
+    lan = ctx.agent("lan")
+    cut = rec.get("cutover", {}).get("switches", [{}])[-1].get("ended", time.time())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # wait for a few answers after the switch, then stop
+        recs = lan.get(f"/v1/probes/{probe['id']}")
+        if sum(1 for r in recs if r["ok"] and r["sent"] > cut) >= 3:
+            break
+        time.sleep(0.05)
+    records = lan.delete(f"/v1/probes/{probe['id']}")
+    start = float(rec.get("freeze_started") or rec["created"])
+    b = blackout(records, start - 0.05, time.time())
+    b["counters"] = counters_monotonic(records, start)
+    probe["records"] = len(records)
+    rec["blackout"] = b
+
+
+def cleanup(ctx: Ctx) -> None:
+    rec = ctx.rec
+    warnings: list[str] = []
+    steps: tuple[tuple[str, Callable[[], object]], ...] = (
+        ("source container", lambda: ctx.agent(rec["source"]).delete(f"/v1/containers/{rec['container']}")),
+        ("source archive", lambda: ctx.agent(rec["source"]).delete(f"/v1/checkpoints/{rec['id']}")),
+        ("target archive", lambda: ctx.agent(rec["target"]).delete(f"/v1/checkpoints/{rec['id']}")),
+        (
+            "registry image",
+            lambda: ctx.agent(rec["target"]).post("/v1/registry/delete", {"reference": rec["reference"]}),
+        ),
+    )
+    for what, fn in steps:
+        try:
+            fn()
+        except PodmigrateError as e:
+            warnings.append(f"{what}: {e.message}")
+    if warnings:
+        rec["cleanup_warnings"] = warnings
+
+
+Undo = Callable[[Lab, Record, Callable[[str], AgentClient]], str]
+PHASES: list[tuple[str, Callable[[Ctx], None], Undo | None]] = [
+    ("validate", validate, None),
+    ("checkpoint", checkpoint, undo_checkpoint),
+    ("push", push, undo_push),
+    ("pull", pull, undo_pull),
+    ("restore", restore, undo_restore),
+    ("cutover", cutover, undo_cutover),
+    ("verify", verify, None),
+    ("cleanup", cleanup, None),
+]
+POINT_OF_NO_RETURN = "cleanup"
+
+
+# ------------------------------------------------------------------------------------ running
+def new_record(plan: Plan) -> Record:
+    mid = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
+    return {
+        "id": mid,
+        "workload": plan.workload,
+        "container": plan.workload,
+        "source": None,
+        "target": plan.target,
+        "mode": plan.mode,
+        "transport": plan.transport,
+        "status": "running",
+        "phase": None,
+        "phases": [],
+        "rollbacks": [],
+        "created": time.time(),
+        "controller_pid": os.getpid(),
+        "plan": plan.__dict__.copy(),
+        "reference": f"{layout.REGISTRY}/podmigrate/checkpoints/{plan.workload.lower()}:{mid}",
+    }
+
+
+def migrate(lab: Lab, plan: Plan, report: Report = lambda _m: None) -> Record:
+    """Run one migration; returns its record, or raises MigrationFailed after rolling back."""
+    if plan.mode not in MODES:
+        raise UsageError(f"unknown mode {plan.mode!r}", hint=f"modes: {', '.join(MODES)}")
+    if plan.transport not in TRANSPORTS:
+        raise UsageError(f"unknown transport {plan.transport!r}", hint=f"transports: {', '.join(TRANSPORTS)}")
+    lab.require_up()
+    if plan.target not in lab.nodes:
+        raise UsageError(
+            f"there is no node {plan.target!r} in lab {lab.name!r}", hint=f"its nodes are: {', '.join(lab.nodes)}"
+        )
+    store = store_for(lab)
+    recover(lab, store, report)
+    for other in store.list(status="running"):
+        if other["workload"] == plan.workload:
+            raise UsageError(
+                f"{plan.workload!r} is already being migrated ({other['id']}, pid {other['controller_pid']})",
+                hint="wait for it to finish",
+            )
+    ctx = Ctx(lab, store, new_record(plan), report)
+    try:
+        return _run(ctx)
+    finally:
+        ctx.close()
+
+
+def _run(ctx: Ctx) -> Record:
+    rec = ctx.rec
+    try:
+        for name, do, _undo in PHASES:
+            rec["phase"] = name
+            entry: dict[str, Any] = {"name": name, "started": time.time(), "ok": False}
+            rec["phases"].append(entry)
+            if name != "validate":  # a rejected request leaves no record behind
+                ctx.save()
+            if name == "checkpoint":
+                start_probe(ctx)
+                entry["started"] = time.time()
+            do(ctx)
+            entry["ended"] = time.time()
+            entry["ok"] = True
+            ctx.save()
+            ctx.report(f"✓ {name:<10} {entry['ended'] - entry['started']:7.3f} s")
+    except Exception as e:
+        err = e if isinstance(e, PodmigrateError) else PodmigrateError(f"{type(e).__name__}: {e}")
+        rec["error"] = err.to_wire()
+        if rec["phases"]:
+            rec["phases"][-1]["ended"] = time.time()
+        ctx.report(f"✗ {rec['phase']}: {err.message}")
+        if rec["phase"] == "validate":
+            raise
+        _stop_probe_quietly(ctx)
+        rollback(ctx.lab, rec, ctx.agent, ctx.report)
+        ctx.save()
+        where = rec.get("source") or "its node"
+        raise MigrationFailed(
+            f"migration {rec['id']} of {rec['workload']!r} failed in phase {rec['phase']}: {err.message}; "
+            + (
+                "rolled back, it runs on " + where
+                if rec["status"] == "rolled_back"
+                else "ROLLBACK FAILED: see the record"
+            ),
+            hint=err.hint,
+            details={"record": rec, **err.details},
+        ) from e
+    rec["status"] = "completed"
+    summarize(rec)
+    ctx.save()
+    return rec
+
+
+def _stop_probe_quietly(ctx: Ctx) -> None:
+    probe = ctx.rec.get("probe") or {}
+    if probe.get("id") and "records" not in probe:
+        with contextlib.suppress(PodmigrateError):
+            ctx.agent("lan").delete(f"/v1/probes/{probe['id']}")
+
+
+def rollback(lab: Lab, rec: Record, agent: Callable[[str], AgentClient], report: Report) -> None:
+    """Undo every phase that started, newest first; the record says what was done."""
+    started = [p["name"] for p in rec["phases"]]
+    failures = 0
+    for name, _do, undo in reversed(PHASES):
+        if name not in started or undo is None:
+            continue
+        try:
+            what = undo(lab, rec, agent)
+            rec["rollbacks"].append({"phase": name, "ok": True, "did": what, "at": time.time()})
+            report(f"↶ {name:<10} {what}")
+        except Exception as e:
+            failures += 1
+            rec["rollbacks"].append({"phase": name, "ok": False, "error": str(e), "at": time.time()})
+            report(f"✗ undo {name}: {e}")
+    rec["status"] = "failed" if failures else "rolled_back"
+
+
+def recover(lab: Lab, store: Store, report: Report = lambda _m: None) -> list[Record]:
+    """Finish what dead controllers left: roll back before the point of no return, clean up after."""
+    done: list[Record] = []
+    for rec in store.list(status="running"):
+        pid = rec.get("controller_pid")
+        if pid and pid != os.getpid() and os.path.exists(f"/proc/{pid}"):
+            continue
+        report(f"recovering migration {rec['id']} left in phase {rec['phase']} by a dead controller")
+        ctx = Ctx(lab, store, rec, report)
+        try:
+            if rec["phase"] == POINT_OF_NO_RETURN:
+                cleanup(ctx)
+                rec["status"] = "completed"
+            else:
+                rollback(lab, rec, ctx.agent, report)
+            rec["recovered_at"] = time.time()
+            ctx.save()
+            done.append(rec)
+        finally:
+            ctx.close()
+    return done
+
+
+def summarize(rec: Record) -> None:
+    """Derive the headline figures from the phases."""
+    ph = {p["name"]: p for p in rec["phases"]}
+    rec["phase_s"] = {n: round(p["ended"] - p["started"], 4) for n, p in ph.items() if "ended" in p}
+    b = rec.get("blackout")
+    if b and b.get("first_ok_after"):
+        rec["blackout_s"] = b["blackout_s"]
+        rec["blackout_method"] = "probe"
+    else:
+        end = rec.get("first_answer_at") or ph["cutover"]["ended"]
+        rec["blackout_s"] = round(end - rec["freeze_started"], 4)
+        rec["blackout_method"] = "controller"
+    rec["bytes_moved"] = rec.get("bytes", {}).get("pushed", 0) + rec.get("bytes", {}).get("pulled", 0)
+    total = rec["phase_s"].get("push", 0) + rec["phase_s"].get("pull", 0)
+    rec["throughput_mb_s"] = round(rec["bytes_moved"] / 2**20 / total, 1) if total else None

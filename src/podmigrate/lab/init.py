@@ -1,0 +1,285 @@
+"""Inside the lab: the lab holder and the node holders (runs on the node image's python3, stdlib only).
+
+The host starts ``python3 -m podmigrate.lab.init lab`` right after pivot_root into the node image, in
+a private mount namespace and in the cgroup ``<cg2>/podmigrate-<lab>/lab``. That process (the lab
+holder) mounts its own /run, /tmp and cgroup2, builds the LAN (bridge + one veth per node), then starts
+and supervises the registry, one node holder per node, one agent per node and the LAN agent. A node
+holder (``... init node NAME``) owns the node's mount and cgroup namespaces; it mounts the node's own
+container storage and ends as ``sleep``. The host reads everything it needs from files in the lab's
+state directory (``pids/``, ``agents/``, ``ready``): no other channel is needed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from podmigrate import layout
+
+STATE = Path(layout.IN_LAB_STATE)
+ENV = {
+    "PATH": layout.LAB_PATH,
+    "HOME": "/root",
+    "LC_ALL": "C.UTF-8",
+    "PYTHONPATH": layout.IN_LAB_SRC,
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    p = subprocess.run(cmd, capture_output=True, text=True, env=ENV)
+    if check and p.returncode:
+        raise RuntimeError(f"{' '.join(cmd)} failed (rc={p.returncode}): {p.stderr.strip()}")
+    return p
+
+
+def join_cgroup(path: str) -> None:
+    with open(os.path.join(path, "cgroup.procs"), "w") as f:
+        f.write(str(os.getpid()))
+
+
+def config() -> dict[str, Any]:
+    with open(STATE / "lab.json") as f:
+        data: dict[str, Any] = json.load(f)
+    return data
+
+
+# ---------------------------------------------------------------- lab holder
+
+
+def setup_mounts(cg: str, nodes: list[str]) -> None:
+    sh("umount", "-l", "/oldroot")
+    sh("mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/run")
+    sh("mount", "-t", "tmpfs", "tmpfs", "/tmp")
+    # The host's /sys/fs/cgroup is a tmpfs of v1 hierarchies; replace it, in this namespace only, by
+    # the cgroup2 hierarchy that podman (cgroupfs manager) and CRIU can use.
+    sh("umount", "-l", "/sys/fs/cgroup")
+    sh("mount", "-t", "cgroup2", "none", "/sys/fs/cgroup")
+    for n in nodes:
+        os.makedirs(f"/sys/fs/cgroup/{cg}/{n}", exist_ok=True)
+    os.makedirs("/run/netns", exist_ok=True)
+
+
+def setup_network(nodes: list[str]) -> None:
+    sh("ip", "netns", "add", "lan")
+    sh("ip", "-n", "lan", "link", "set", "lo", "up")
+    sh("ip", "-n", "lan", "link", "add", layout.LAN_BRIDGE, "type", "bridge")
+    sh("ip", "-n", "lan", "addr", "add", f"{layout.LAN_GATEWAY}/{layout.LAN_PREFIX}", "dev", layout.LAN_BRIDGE)
+    sh("ip", "-n", "lan", "link", "set", layout.LAN_BRIDGE, "up")
+    for n in nodes:
+        ip = layout.node_ip(n)
+        sh("ip", "netns", "add", n)
+        sh("ip", "link", "add", "name", f"v{n}", "netns", "lan", "type", "veth", "peer", "name", "eth0", "netns", n)
+        sh("ip", "-n", "lan", "link", "set", f"v{n}", "master", layout.LAN_BRIDGE, "up")
+        sh("ip", "-n", n, "link", "set", "lo", "up")
+        sh("ip", "-n", n, "addr", "add", f"{ip}/{layout.LAN_PREFIX}", "dev", "eth0")
+        sh("ip", "-n", n, "link", "set", "eth0", "up")
+        sh("ip", "-n", n, "route", "add", "default", "via", layout.LAN_GATEWAY)
+        # nsenter, not `ip netns exec`: the latter remounts /sys and would hide our cgroup2 mount
+        sh("nsenter", f"--net=/run/netns/{n}", "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        # the node's container subnet is routed to it; a migrated container gets a /32 of its own
+        sh("ip", "-n", "lan", "route", "add", layout.node_range(n), "via", ip)
+
+
+class Service:
+    """A supervised child process; restarted when it dies unless ``hold/<name>`` exists."""
+
+    def __init__(self, name: str, argv: list[str], cgroup: str | None = None):
+        self.name, self.argv, self.cgroup = name, argv, cgroup
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.next_start = 0.0
+
+    def start(self) -> None:
+        out = open(STATE / "logs" / f"{self.name}.log", "ab")
+        cg = self.cgroup
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=ENV,
+            start_new_session=True,
+            preexec_fn=(lambda: join_cgroup(cg)) if cg else None,
+        )
+        out.close()
+        (STATE / "pids" / f"{self.name}.pid").write_text(str(self.proc.pid))
+
+    def check(self) -> None:
+        if self.proc is None or self.proc.poll() is None:
+            return
+        if (STATE / "hold" / self.name).exists() or time.monotonic() < self.next_start:
+            return
+        log(f"{self.name} exited with {self.proc.returncode}; restarting")
+        self.restarts += 1
+        self.next_start = time.monotonic() + min(5.0, 0.2 * self.restarts)
+        self.start()
+
+
+def agent_argv(role: str, name: str, listen_ip: str) -> list[str]:
+    return [
+        "python3",
+        "-m",
+        "podmigrate.agent.server",
+        "--role",
+        role,
+        "--name",
+        name,
+        "--uds",
+        f"{STATE}/agents/{name}.sock",
+        "--tcp",
+        f"{listen_ip}:{layout.AGENT_PORT}",
+        "--token-file",
+        f"{STATE}/token",
+    ]
+
+
+def wait_files(paths: list[Path], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(p.exists() for p in paths):
+            return
+        time.sleep(0.05)
+    missing = [str(p) for p in paths if not p.exists()]
+    raise RuntimeError(f"timed out after {timeout:.0f}s waiting for {what}: {missing}")
+
+
+def lab_main() -> None:
+    cfg = config()
+    cg, nodes = cfg["cgroup"], cfg["nodes"]
+    for d in ("pids", "agents", "logs", "hold"):
+        (STATE / d).mkdir(exist_ok=True)
+    setup_mounts(cg, nodes)
+    setup_network(nodes)
+    services = [
+        Service("registry", ["nsenter", "--net=/run/netns/lan", "docker-registry", "serve", f"{STATE}/registry.yml"])
+    ]
+    for n in nodes:
+        services.append(
+            Service(
+                f"holder-{n}",
+                [
+                    "nsenter",
+                    f"--net=/run/netns/{n}",
+                    "unshare",
+                    "-m",
+                    "-C",
+                    "--propagation",
+                    "private",
+                    "python3",
+                    "-m",
+                    "podmigrate.lab.init",
+                    "node",
+                    n,
+                ],
+                cgroup=f"/sys/fs/cgroup/{cg}/{n}",
+            )
+        )
+    for s in services:
+        s.start()
+    wait_files([STATE / "pids" / f"{n}.ready" for n in nodes], 120, "node holders")
+    services.append(Service("lan", ["nsenter", "--net=/run/netns/lan", *agent_argv("lan", "lan", layout.LAN_GATEWAY)]))
+    for n in nodes:
+        holder = (STATE / "pids" / f"holder-{n}.pid").read_text().strip()
+        services.append(
+            Service(
+                n,
+                [
+                    "nsenter",
+                    "-t",
+                    holder,
+                    "-m",
+                    "-n",
+                    "-C",
+                    "-r",
+                    "-w",
+                    "--",
+                    *agent_argv("node", n, layout.node_ip(n)),
+                ],
+                cgroup=f"/sys/fs/cgroup/{cg}/{n}/init",
+            )
+        )
+    for s in services[len(nodes) + 1 :]:
+        s.start()
+    wait_files([STATE / "agents" / f"{n}.sock" for n in ["lan", *nodes]], 60, "agents")
+    (STATE / "ready").write_text(str(os.getpid()))
+    log("lab ready")
+    stop = False
+
+    def on_term(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_term)
+    while not stop:
+        for s in services:
+            if not s.name.startswith("holder-"):
+                s.check()
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------- node holder
+
+
+def node_main(name: str) -> None:
+    """Runs in the node's fresh mount + cgroup namespaces (and its network namespace)."""
+    base = STATE / "nodes" / name
+    sh("mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/run")
+    sh("mount", "-t", "tmpfs", "tmpfs", "/tmp")
+    sh("umount", "-l", "/sys/fs/cgroup")
+    sh("mount", "-t", "cgroup2", "none", "/sys/fs/cgroup")  # shows only this node's subtree
+    os.makedirs("/sys/fs/cgroup/init", exist_ok=True)
+    join_cgroup("/sys/fs/cgroup/init")  # keeps the node's root cgroup free of processes
+    for sub, target in (
+        ("containers", "/var/lib/containers"),
+        ("networks", "/etc/containers/networks"),
+        ("checkpoints", layout.NODE_CHECKPOINTS),
+        ("vartmp", "/var/tmp"),
+    ):
+        (base / sub).mkdir(parents=True, exist_ok=True)
+        os.makedirs(target, exist_ok=True)
+        sh("mount", "--bind", str(base / sub), target)
+    os.chmod(layout.NODE_CHECKPOINTS, 0o700)  # checkpoints hold process memory: secrets
+    if sh("podman", "network", "exists", layout.WORKLOAD_NETWORK, check=False).returncode:
+        sh(
+            "podman",
+            "network",
+            "create",
+            "--disable-dns",
+            "--subnet",
+            layout.WORKLOAD_SUBNET,
+            "--gateway",
+            layout.WORKLOAD_GATEWAY,
+            "--ip-range",
+            layout.node_range(name),
+            layout.WORKLOAD_NETWORK,
+        )
+    (STATE / "pids" / f"{name}.ready").write_text(str(os.getpid()))
+    os.execvp("sleep", ["sleep", "infinity"])
+
+
+def main(argv: list[str]) -> None:
+    if argv[:1] == ["lab"]:
+        lab_main()
+    elif argv[:1] == ["node"] and len(argv) == 2:
+        node_main(argv[1])
+    else:
+        sys.exit("usage: python3 -m podmigrate.lab.init lab | node NAME")
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except Exception as e:  # the host shows this log when start-up fails
+        log(f"FATAL: {e}")
+        raise

@@ -1,0 +1,55 @@
+"""Service-address cutover by kernel route: ``ip route replace ADDR/32 via NODE`` (stdlib only).
+
+The workload keeps its address on every node (same podman subnet everywhere, routing instead of
+NAT), so the LAN only has to learn which node now holds it. ``ip route replace`` is a single atomic
+netlink operation: packets go to the old node until it returns and to the new one right after.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import subprocess
+import time
+from typing import Any
+
+from podmigrate.errors import RoutingError, UsageError
+
+
+def _ip(*args: str) -> str:
+    p = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if p.returncode:
+        raise RoutingError(f"ip {' '.join(args)} failed: {p.stderr.strip()}")
+    return p.stdout
+
+
+def _check(addr: str) -> str:
+    try:
+        return str(ipaddress.ip_address(addr))
+    except ValueError as e:
+        raise UsageError(f"not an IP address: {addr!r}") from e
+
+
+class RouteRouter:
+    name = "route"
+
+    def routes(self) -> list[dict[str, Any]]:
+        data: list[dict[str, Any]] = json.loads(_ip("-j", "route", "show") or "[]")
+        return [{"dst": r["dst"], "via": r.get("gateway")} for r in data if r.get("gateway")]
+
+    def lookup(self, addr: str) -> str | None:
+        """The next hop the kernel uses for ``addr`` right now."""
+        data = json.loads(_ip("-j", "route", "get", _check(addr)) or "[]")
+        return data[0].get("gateway") if data else None
+
+    def switch(self, addr: str, via: str) -> dict[str, Any]:
+        addr, via = _check(addr), _check(via)
+        before = self.lookup(addr)
+        t0 = time.time()
+        _ip("route", "replace", f"{addr}/32", "via", via)
+        t1 = time.time()
+        return {"addr": addr, "via": via, "previous": before, "started": t0, "ended": t1}
+
+    def remove(self, addr: str) -> bool:
+        p = subprocess.run(["ip", "route", "del", f"{_check(addr)}/32"], capture_output=True, text=True)
+        return p.returncode == 0

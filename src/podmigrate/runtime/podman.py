@@ -1,0 +1,193 @@
+"""The Podman + runc + CRIU backend of the node agent (standard library only).
+
+Checkpoints are exported uncompressed (heaps do not compress; see lab notes) with ``--keep`` so that a
+failed migration can restore the container in place from podman's own copy. Every CRIU failure is
+reported with the tail of CRIU's log, which podman only names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from podmigrate.errors import RuntimeBackendError, UsageError
+from podmigrate.runtime.base import ContainerInfo, RunSpec
+
+_CRIU_LOG = re.compile(r"(/\S+/userdata/(?:dump|restore)\.log)")
+
+
+def _criu_log_tail(text: str, lines: int = 25) -> list[str]:
+    m = _CRIU_LOG.search(text)
+    if not m:
+        return []
+    try:
+        with open(m.group(1), errors="replace") as f:
+            content = f.read().splitlines()
+    except OSError:
+        return []
+    # CRIU always logs a harmless RLIMIT_NOFILE error here; the real cause is among the last lines
+    errs = [x for x in content if "Error" in x and "RLIMIT_NOFILE" not in x]
+    return ([*errs[-8:], "...", *content[-lines:]]) if errs else content[-lines:]
+
+
+class Podman:
+    def __init__(self, node: str):
+        self.node = node
+
+    def _run(
+        self, *args: str, timeout: float = 900, what: str | None = None, missing_ok: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        p = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+        if p.returncode:
+            err = p.stderr.strip() or p.stdout.strip()
+            if missing_ok and ("no such container" in err or "no such pod" in err):
+                return p
+            if "no such container" in err:
+                raise UsageError(
+                    f"there is no container {args[-1]!r} on {self.node}",
+                    hint=f"list them with: podmigrate lab exec {self.node} -- podman ps -a",
+                )
+            raise RuntimeBackendError(
+                f"{what or 'podman ' + args[0]} failed on {self.node}: {err.splitlines()[-1] if err else p.returncode}",
+                hint="the CRIU log lines are in details.criu_log" if _CRIU_LOG.search(err) else None,
+                details={
+                    "command": ["podman", *args],
+                    "returncode": p.returncode,
+                    "stderr": err[-4000:],
+                    "criu_log": _criu_log_tail(err),
+                    "node": self.node,
+                },
+            )
+        return p
+
+    def info(self) -> dict[str, Any]:
+        def first_line(*cmd: str) -> str:
+            try:
+                out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+            except OSError:
+                return "missing"
+            return out.strip().splitlines()[0] if out.strip() else "unknown"
+
+        criu = first_line("criu", "--version")
+        return {
+            "runtime": "podman",
+            "podman": first_line("podman", "--version").split()[-1],
+            "runc": first_line("runc", "--version").split()[-1],
+            "criu": criu.split()[-1] if criu.startswith("Version") else criu,
+            "lazy_pages": os.path.exists("/proc/sys/vm/unprivileged_userfaultfd"),
+            "soft_dirty": False,
+        }
+
+    def list_containers(self) -> list[ContainerInfo]:
+        ids = self._run("ps", "-a", "-q", "--no-trunc").stdout.split()
+        if not ids:
+            return []
+        # Containers may vanish between the two calls; inspect them one by one in that case.
+        p = subprocess.run(["podman", "container", "inspect", *ids], capture_output=True, text=True)
+        data = json.loads(p.stdout or "[]")
+        return [self._info(d) for d in data]
+
+    @staticmethod
+    def _info(d: dict[str, Any]) -> ContainerInfo:
+        nets = (d.get("NetworkSettings") or {}).get("Networks") or {}
+        ips = [n["IPAddress"] for n in nets.values() if n.get("IPAddress")]
+        cfg = d.get("Config") or {}
+        return ContainerInfo(
+            name=d["Name"],
+            id=d["Id"],
+            state=d["State"]["Status"],
+            image=d.get("ImageName") or cfg.get("Image", ""),
+            ips=ips,
+            pod=d.get("Pod") or None,
+            labels=cfg.get("Labels") or {},
+        )
+
+    def inspect(self, name: str) -> ContainerInfo:
+        data = json.loads(self._run("container", "inspect", name).stdout)
+        return self._info(data[0])
+
+    def run(self, spec: RunSpec) -> ContainerInfo:
+        args = ["run", "-d", "--name", spec["name"]]
+        if spec.get("pod"):
+            args += ["--pod", spec["pod"]]
+        else:
+            args += ["--network", spec.get("network", "mig")]
+            if spec.get("ip"):
+                args += ["--ip", spec["ip"]]
+        for k, v in (spec.get("env") or {}).items():
+            args += ["-e", f"{k}={v}"]
+        for k, v in (spec.get("labels") or {}).items():
+            args += ["--label", f"{k}={v}"]
+        args += [spec["image"], *(spec.get("command") or [])]
+        self._run(*args, what=f"starting container {spec['name']}")
+        return self.inspect(spec["name"])
+
+    def create_pod(self, name: str, network: str) -> None:
+        self._run("pod", "create", "--name", name, "--network", network, what=f"creating pod {name}")
+
+    def remove(self, name: str) -> None:
+        if subprocess.run(["podman", "pod", "exists", name]).returncode == 0:
+            self._run("pod", "rm", "-f", "-t", "0", name, missing_ok=True)
+        else:
+            self._run("rm", "-f", "-t", "0", name, missing_ok=True)
+
+    def checkpoint(
+        self, name: str, archive: Path, *, tcp_established: bool = True, leave_running: bool = False
+    ) -> dict[str, Any]:
+        args = ["container", "checkpoint", "--export", str(archive), "--compress", "none", "--keep", "--print-stats"]
+        if tcp_established:
+            args.append("--tcp-established")
+        if leave_running:
+            args.append("--leave-running")
+        t0 = time.time()
+        p = self._run(*args, name, what=f"checkpoint of {name}")
+        os.chmod(archive, 0o600)  # it holds the process's memory (the directory is 0700 too)
+        stats = _stats(p.stdout)
+        return {"started": t0, "ended": time.time(), "stats": stats, "archive_bytes": archive.stat().st_size}
+
+    def restore_local(self, name: str, *, tcp_established: bool = True) -> dict[str, Any]:
+        args = ["container", "restore", "--print-stats"]
+        if tcp_established:
+            args.append("--tcp-established")
+        t0 = time.time()
+        p = self._run(*args, name, what=f"restore of {name} in place")
+        return {"started": t0, "ended": time.time(), "stats": _stats(p.stdout)}
+
+    def restore_archive(self, archive: Path, *, tcp_established: bool = True) -> dict[str, Any]:
+        args = ["container", "restore", "--import", str(archive), "--print-stats"]
+        if tcp_established:
+            args.append("--tcp-established")
+        t0 = time.time()
+        p = self._run(*args, what="restore from checkpoint archive")
+        return {"started": t0, "ended": time.time(), "stats": _stats(p.stdout)}
+
+    def ensure_image(self, image: str) -> bool:
+        if subprocess.run(["podman", "image", "exists", image]).returncode == 0:
+            return False
+        self._run("pull", "-q", image, what=f"pulling image {image}")
+        return True
+
+
+def _stats(stdout: str) -> dict[str, Any]:
+    """The statistics JSON that ``--print-stats`` prints (podman adds nothing else with it)."""
+    i = stdout.find("{")
+    if i < 0:
+        return {}
+    try:
+        data: dict[str, Any] = json.loads(stdout[i:])
+    except json.JSONDecodeError:
+        return {}
+    ctr = (data.get("container_statistics") or [{}])[0]
+    out: dict[str, Any] = dict(ctr.get("criu_statistics") or {})
+    for k, v in data.items():
+        if k.endswith("_duration"):
+            out[k] = v
+    for k, v in ctr.items():
+        if k.endswith("_duration"):
+            out[k] = v
+    return out

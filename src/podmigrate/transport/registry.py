@@ -1,0 +1,246 @@
+"""OCI checkpoint images and a streaming registry client (runs in node agents; standard library only).
+
+The image is built by hand instead of with ``podman checkpoint --create-image`` (which passes over the
+data about four times): podman's uncompressed export archive is already a valid OCI layer (a tar of
+``config.dump``, ``spec.dump``, ``checkpoint/``, ``rootfs-diff.tar``...), which is exactly the layout
+CRI-O's checkpoint images carry. So the push streams the archive once, hashing it on the way, and the
+pull streams it once into the target's checkpoint directory, checking the digest before anything
+restores from it. Manifest annotations mark it as a checkpoint for CRI-O and Podman.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from podmigrate.errors import TransportError
+
+MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
+CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
+LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"
+CRIO_ANNOTATION = "io.kubernetes.cri-o.annotations.checkpoint.name"
+PODMAN_ANNOTATION = "io.podman.annotations.checkpoint.name"
+CHUNK = 1 << 20
+
+
+def checkpoint_annotations(container: str, extra: dict[str, str] | None = None) -> dict[str, str]:
+    return {
+        CRIO_ANNOTATION: container,
+        PODMAN_ANNOTATION: container,
+        "org.criu.checkpoint.container.name": container,
+        "org.opencontainers.image.created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **(extra or {}),
+    }
+
+
+def split_reference(ref: str) -> tuple[str, str, str]:
+    """'10.77.0.1:5000/podmigrate/ckpt-web:abc' -> (host, repository, tag)."""
+    host, _, rest = ref.partition("/")
+    repo, _, tag = rest.rpartition(":")
+    if not host or not repo or not tag or "/" in tag:
+        raise TransportError(f"not an image reference with a tag: {ref!r}")
+    return host, repo, tag
+
+
+class Registry:
+    """A minimal OCI distribution client: only what checkpoint images need, streaming both ways."""
+
+    def __init__(self, host: str, timeout: float = 60.0):
+        self.host, self.timeout = host, timeout
+
+    def _conn(self) -> http.client.HTTPConnection:
+        return http.client.HTTPConnection(self.host, timeout=self.timeout)
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: dict[str, str] | None = None,
+        ok: tuple[int, ...] = (200, 201, 202),
+        chunked: bool = False,
+    ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+        conn = self._conn()
+        try:
+            conn.request(method, path, body=body, headers=headers or {}, encode_chunked=chunked)
+            resp = conn.getresponse()
+        except OSError as e:
+            conn.close()
+            raise TransportError(
+                f"registry {self.host} unreachable during {method} {path}: {e}",
+                hint="is the lab's registry running? see `podmigrate lab status`",
+            ) from e
+        if resp.status not in ok:
+            text = resp.read(2000).decode(errors="replace")
+            conn.close()
+            raise TransportError(f"registry {self.host} answered {resp.status} to {method} {path}: {text}")
+        return resp, conn
+
+    def _upload(self, repo: str, body: Any, digest_fn: Any, chunked: bool) -> None:
+        resp, conn = self._request("POST", f"/v2/{repo}/blobs/uploads/")
+        resp.read()
+        conn.close()
+        loc = resp.headers["Location"]
+        u = urlsplit(loc)
+        path = u.path + (f"?{u.query}" if u.query else "")
+        resp, conn = self._request(
+            "PATCH", path, body=body, chunked=chunked, headers={"Content-Type": "application/octet-stream"}
+        )
+        resp.read()
+        conn.close()
+        u = urlsplit(resp.headers["Location"])
+        sep = "&" if u.query else "?"
+        resp, conn = self._request(
+            "PUT", f"{u.path}?{u.query}{sep}digest={digest_fn()}", headers={"Content-Length": "0"}
+        )
+        resp.read()
+        conn.close()
+
+    def push_blob_file(self, repo: str, path: Path) -> tuple[str, int]:
+        h = hashlib.sha256()
+        size = 0
+
+        def chunks() -> Iterator[bytes]:
+            nonlocal size
+            with open(path, "rb") as f:
+                while block := f.read(CHUNK):
+                    h.update(block)
+                    size += len(block)
+                    yield block
+
+        self._upload(repo, chunks(), lambda: f"sha256:{h.hexdigest()}", chunked=True)
+        return f"sha256:{h.hexdigest()}", size
+
+    def push_blob_bytes(self, repo: str, data: bytes) -> tuple[str, int]:
+        digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
+        self._upload(repo, data, lambda: digest, chunked=False)
+        return digest, len(data)
+
+    def put_manifest(self, repo: str, tag: str, manifest: dict[str, Any]) -> str:
+        body = json.dumps(manifest).encode()
+        resp, conn = self._request(
+            "PUT", f"/v2/{repo}/manifests/{tag}", body=body, headers={"Content-Type": MANIFEST_TYPE}
+        )
+        resp.read()
+        conn.close()
+        return resp.headers.get("Docker-Content-Digest") or f"sha256:{hashlib.sha256(body).hexdigest()}"
+
+    def get_manifest(self, repo: str, ref: str) -> tuple[dict[str, Any], str]:
+        resp, conn = self._request("GET", f"/v2/{repo}/manifests/{ref}", headers={"Accept": MANIFEST_TYPE}, ok=(200,))
+        body = resp.read()
+        conn.close()
+        return json.loads(body), resp.headers.get("Docker-Content-Digest", "")
+
+    def fetch_blob(self, repo: str, digest: str, dest: Path, expect_size: int | None = None) -> int:
+        """Stream a blob into ``dest`` (owner-only), failing if its digest or size differ."""
+        resp, conn = self._request("GET", f"/v2/{repo}/blobs/{digest}", ok=(200,))
+        h = hashlib.sha256()
+        size = 0
+        tmp = dest.with_name(dest.name + ".part")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                while block := resp.read(CHUNK):
+                    h.update(block)
+                    size += len(block)
+                    f.write(block)
+        except OSError as e:
+            tmp.unlink(missing_ok=True)
+            raise TransportError(
+                f"writing {dest} failed after {size} bytes: {e}", hint="is the target node's disk full?"
+            ) from e
+        finally:
+            conn.close()
+        got = f"sha256:{h.hexdigest()}"
+        if got != digest or (expect_size is not None and size != expect_size):
+            tmp.unlink(missing_ok=True)
+            raise TransportError(
+                f"checkpoint blob {digest} arrived as {got} ({size} bytes); refusing to restore from it",
+                hint="the image was corrupted or tampered with",
+            )
+        tmp.rename(dest)
+        return size
+
+    def delete(self, repo: str, digest: str, kind: str = "manifests") -> None:
+        resp, conn = self._request("DELETE", f"/v2/{repo}/{kind}/{digest}", ok=(202, 404))
+        resp.read()
+        conn.close()
+
+
+def push_checkpoint(archive: Path, reference: str, annotations: dict[str, str]) -> dict[str, Any]:
+    """Push ``archive`` as a one-layer OCI checkpoint image; returns digests and sizes."""
+    host, repo, tag = split_reference(reference)
+    reg = Registry(host)
+    t0 = time.time()
+    layer_digest, layer_size = reg.push_blob_file(repo, archive)
+    config = {
+        "architecture": os.uname().machine.replace("x86_64", "amd64").replace("aarch64", "arm64"),
+        "os": "linux",
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        "config": {"Labels": annotations},
+    }
+    cfg_digest, cfg_size = reg.push_blob_bytes(repo, json.dumps(config).encode())
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_TYPE,
+        "config": {"mediaType": CONFIG_TYPE, "digest": cfg_digest, "size": cfg_size},
+        "layers": [{"mediaType": LAYER_TYPE, "digest": layer_digest, "size": layer_size}],
+        "annotations": annotations,
+    }
+    digest = reg.put_manifest(repo, tag, manifest)
+    return {
+        "reference": reference,
+        "manifest_digest": digest,
+        "layer_digest": layer_digest,
+        "bytes": layer_size,
+        "started": t0,
+        "ended": time.time(),
+    }
+
+
+def pull_checkpoint(reference: str, dest: Path) -> dict[str, Any]:
+    """Fetch the checkpoint layer of ``reference`` into ``dest``, verified against its digest."""
+    host, repo, tag = split_reference(reference)
+    reg = Registry(host)
+    t0 = time.time()
+    manifest, digest = reg.get_manifest(repo, tag)
+    ann = manifest.get("annotations") or {}
+    if CRIO_ANNOTATION not in ann or len(manifest.get("layers") or []) != 1:
+        raise TransportError(
+            f"{reference} is not a podmigrate checkpoint image (no {CRIO_ANNOTATION} "
+            "annotation or not exactly one layer)"
+        )
+    layer = manifest["layers"][0]
+    size = reg.fetch_blob(repo, layer["digest"], dest, layer.get("size"))
+    return {
+        "reference": reference,
+        "manifest_digest": digest,
+        "layer_digest": layer["digest"],
+        "bytes": size,
+        "container": ann[CRIO_ANNOTATION],
+        "started": t0,
+        "ended": time.time(),
+    }
+
+
+def delete_checkpoint(reference: str) -> bool:
+    """Delete the tag's manifest and its blobs; False when it was already gone."""
+    host, repo, tag = split_reference(reference)
+    reg = Registry(host)
+    try:
+        manifest, digest = reg.get_manifest(repo, tag)
+    except TransportError as e:
+        if "answered 404" in e.message:
+            return False
+        raise
+    reg.delete(repo, digest)
+    for blob in [manifest["config"], *manifest.get("layers", [])]:
+        reg.delete(repo, blob["digest"], kind="blobs")
+    return True

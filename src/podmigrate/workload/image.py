@@ -1,0 +1,88 @@
+"""Builds the workload image offline: a Debian trixie rootfs with python3 + numpy (mmdebstrap),
+stream-server and the sidecar on top, FROM scratch with buildah.
+
+Both steps are cached in ``$PODMIGRATE_HOME/cache``: the rootfs tarball by its package list, the OCI
+archive by the hash of that plus the workload's sources. A new lab only copies the archive into its
+registry (skopeo), a few seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from podmigrate import layout
+from podmigrate.lab.image import MIRROR, SUITE
+
+if TYPE_CHECKING:
+    from podmigrate.lab.cluster import Lab, Report
+
+HERE = Path(__file__).resolve().parent
+SOURCES = ("heapsrv.py", "sidecar.py")
+ROOTFS_PACKAGES = "python3,python3-numpy"
+REPOSITORY = f"{layout.REGISTRY}/podmigrate/stream-server"
+
+
+def image_tag() -> str:
+    h = hashlib.sha256(f"{SUITE} {MIRROR} {ROOTFS_PACKAGES}".encode())
+    for s in SOURCES:
+        h.update((HERE / s).read_bytes())
+    return h.hexdigest()[:12]
+
+
+def workload_image() -> str:
+    return f"{REPOSITORY}:{image_tag()}"
+
+
+def ensure_workload_image(lab: Lab, report: Report) -> str:
+    ref = workload_image()
+    tag = image_tag()
+    have = lab.run("node-a", ["skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{ref}"], check=False)
+    if have.returncode == 0:
+        return ref
+    cache = layout.IN_LAB_CACHE
+    rootfs = f"{cache}/workload-rootfs-{hashlib.sha256(ROOTFS_PACKAGES.encode()).hexdigest()[:8]}.tar"
+    archive = f"{cache}/stream-server-{tag}.oci.tar"
+    if not (lab.cache / Path(archive).name).exists():
+        if not (lab.cache / Path(rootfs).name).exists():
+            report("building the workload rootfs: python3 + numpy with mmdebstrap (about a minute)")
+            lab.run(
+                "lab",
+                [
+                    "mmdebstrap",
+                    "--quiet",
+                    "--variant=essential",
+                    f"--include={ROOTFS_PACKAGES}",
+                    "--dpkgopt=path-exclude=/usr/share/doc/*",
+                    "--dpkgopt=path-exclude=/usr/share/man/*",
+                    "--dpkgopt=path-exclude=/usr/share/locale/*",
+                    SUITE,
+                    rootfs + ".part",
+                    MIRROR,
+                ],
+                timeout=1800,
+            )
+            lab.run("lab", ["mv", rootfs + ".part", rootfs])
+        report("building the workload image with buildah")
+        src = f"{layout.IN_LAB_SRC}/podmigrate/workload"
+        script = f"""set -e
+c=$(buildah from scratch)
+trap 'buildah rm $c >/dev/null 2>&1 || true' EXIT
+buildah add $c {rootfs} / >/dev/null
+buildah copy $c {src}/heapsrv.py {src}/sidecar.py /app/ >/dev/null
+buildah config --cmd '["python3","-u","/app/heapsrv.py"]' --env HEAP_MB=64 --port 8000 \
+  --label org.opencontainers.image.title=stream-server $c
+buildah commit -q $c localhost/stream-server:{tag} >/dev/null
+buildah push -q localhost/stream-server:{tag} oci-archive:{archive}.part
+buildah rmi localhost/stream-server:{tag} >/dev/null
+mv {archive}.part {archive}
+"""
+        lab.run("node-a", ["sh", "-c", script], timeout=1800)
+    report(f"loading the workload image into the lab registry ({ref})")
+    lab.run(
+        "node-a",
+        ["skopeo", "copy", "-q", "--dest-tls-verify=false", f"oci-archive:{archive}", f"docker://{ref}"],
+        timeout=600,
+    )
+    return ref

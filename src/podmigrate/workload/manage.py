@@ -1,0 +1,231 @@
+"""Start, find, read and stop workloads in a lab, through the node agents and the LAN agent.
+
+A workload is a container (or, with a sidecar, a pod) on one node, reached from the LAN at its own
+address (its *service address*): the LAN routes that /32 to the node that runs it. Workloads are
+found by asking every node's agent, never from a local record, so containers a user started by
+hand with podman are found the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from podmigrate import layout
+from podmigrate.errors import PodmigrateError, UsageError
+from podmigrate.lab.cluster import Lab
+from podmigrate.runtime.base import ContainerInfo
+from podmigrate.workload.image import workload_image
+
+LABEL_KIND = "podmigrate.workload"
+LABEL_PORT = "podmigrate.port"
+LABEL_PROBE = "podmigrate.probe"
+_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
+
+
+@dataclass
+class Located:
+    node: str
+    container: ContainerInfo
+    others: list[tuple[str, ContainerInfo]]  # stopped copies elsewhere (leftovers of a failed run)
+
+    @property
+    def ips(self) -> list[str]:
+        return self.container["ips"]
+
+    @property
+    def port(self) -> int | None:
+        p = self.container["labels"].get(LABEL_PORT)
+        return int(p) if p else None
+
+    @property
+    def probe_path(self) -> str | None:
+        return self.container["labels"].get(LABEL_PROBE)
+
+
+def inventory(lab: Lab) -> dict[str, list[ContainerInfo]]:
+    result: dict[str, list[ContainerInfo]] = {}
+    for n in lab.nodes:
+        agent = lab.agent(n)
+        try:
+            result[n] = agent.get("/v1/containers")
+        finally:
+            agent.close()
+    return result
+
+
+def locate(lab: Lab, name: str, inv: dict[str, list[ContainerInfo]] | None = None) -> Located:
+    """The node running container (or pod) ``name``; UsageError if it runs nowhere."""
+    inv = inv if inv is not None else inventory(lab)
+    found: list[tuple[str, ContainerInfo]] = []
+    for node, ctrs in inv.items():
+        for c in ctrs:
+            if c["name"] == name or (c["id"].startswith(name) and len(name) >= 12):
+                found.append((node, c))
+    running = [f for f in found if f[1]["state"] == "running"]
+    if not found:
+        pods = sorted({(n, c["pod"]) for n, cs in inv.items() for c in cs if c["pod"]})
+        hint = "list containers with: podmigrate lab status"
+        if any(c["name"] == f"{name}-server" for cs in inv.values() for c in cs):
+            hint = f"{name!r} is a pod; its containers are {name}-server and {name}-sidecar"
+        raise UsageError(
+            f"no container named {name!r} on any node of lab {lab.name!r}",
+            hint=hint,
+            details={"pods": [f"{n}/{p[:12]}" for n, p in pods]} if pods else None,
+        )
+    if len(running) > 1:
+        raise PodmigrateError(
+            f"container {name!r} runs on {len(running)} nodes at once: {', '.join(n for n, _ in running)}",
+            hint="stop all but one copy",
+        )
+    if not running:
+        node, c = found[0]
+        raise UsageError(
+            f"container {name!r} exists on {node} but is {c['state']}, not running",
+            hint=f"start it, or remove it: podmigrate lab exec {node} -- podman rm {name}",
+        )
+    node, c = running[0]
+    return Located(node, c, [f for f in found if f is not running[0]])
+
+
+def lan_get(lab: Lab, url: str, timeout: float = 30.0) -> dict[str, Any]:
+    lan = lab.agent("lan")
+    try:
+        res: dict[str, Any] = lan.post("/v1/http", {"url": url, "timeout": timeout}, timeout=timeout + 10)
+        return res
+    finally:
+        lan.close()
+
+
+def set_route(lab: Lab, ip: str, node: str) -> dict[str, Any]:
+    lan = lab.agent("lan")
+    try:
+        res: dict[str, Any] = lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(node)})
+        return res
+    finally:
+        lan.close()
+
+
+def start(
+    lab: Lab, name: str, node: str, heap_mb: int, sidecar: bool = False, seed: int = 1234, wait: float = 300.0
+) -> dict[str, Any]:
+    if heap_mb <= 0:
+        raise UsageError(f"heap size must be a positive number of MB, not {heap_mb}", hint="for example --heap-mb 256")
+    if not _NAME.match(name):
+        raise UsageError(
+            f"not a valid container name: {name!r}", hint="use letters, digits, '_', '.', '-' (at most 63)"
+        )
+    lab.require_up()
+    if node not in lab.nodes:
+        raise UsageError(
+            f"there is no node {node!r} in lab {lab.name!r}", hint=f"its nodes are: {', '.join(lab.nodes)}"
+        )
+    inv = inventory(lab)
+    taken = {c["name"] for cs in inv.values() for c in cs} | {c["pod"] for cs in inv.values() for c in cs}
+    names = {name, f"{name}-server", f"{name}-sidecar"} if sidecar else {name}
+    if names & taken:
+        raise UsageError(
+            f"the name {name!r} is already used in lab {lab.name!r}",
+            hint=f"pick another name, or stop it first: podmigrate workload stop {name}",
+        )
+    image = workload_image()
+    labels = {LABEL_KIND: "stream-server", LABEL_PORT: "8000", LABEL_PROBE: "/healthz"}
+    env = {"HEAP_MB": str(heap_mb), "SEED": str(seed)}
+    agent = lab.agent(node)
+    try:
+        if sidecar:
+            agent.post("/v1/pods", {"name": name, "network": layout.WORKLOAD_NETWORK})
+            agent.post(
+                "/v1/containers",
+                {
+                    "name": f"{name}-server",
+                    "image": image,
+                    "pod": name,
+                    "env": {**env, "LISTEN": "127.0.0.1:8090"},
+                    "labels": labels,
+                },
+            )
+            info = agent.post(
+                "/v1/containers",
+                {
+                    "name": f"{name}-sidecar",
+                    "image": image,
+                    "pod": name,
+                    "labels": labels,
+                    "command": ["python3", "-u", "/app/sidecar.py"],
+                    "env": {"LISTEN": "0.0.0.0:8000", "UPSTREAM": "127.0.0.1:8090"},
+                },
+            )
+        else:
+            info = agent.post(
+                "/v1/containers",
+                {"name": name, "image": image, "env": env, "labels": labels, "network": layout.WORKLOAD_NETWORK},
+            )
+    finally:
+        agent.close()
+    ip = info["ips"][0]
+    set_route(lab, ip, node)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if lan_get(lab, f"http://{ip}:8000/healthz", timeout=2)["ok"]:
+            return state(lab, f"{name}-server" if sidecar else name)
+        time.sleep(0.2)
+    raise PodmigrateError(
+        f"workload {name!r} started on {node} but did not answer on {ip}:8000 within {wait:.0f}s",
+        hint=f"look at: podmigrate lab exec {node} -- podman logs {name + '-server' if sidecar else name}",
+    )
+
+
+def read_state(lab: Lab, ip: str, port: int = 8000, timeout: float = 120.0) -> dict[str, Any] | None:
+    """The workload's /state through its service address, or None when it does not answer."""
+    res = lan_get(lab, f"http://{ip}:{port}/state", timeout=timeout)
+    if not res.get("ok"):
+        return None
+    data: dict[str, Any] = json.loads(res["body"])
+    return data
+
+
+def state(lab: Lab, name: str) -> dict[str, Any]:
+    loc = locate(lab, name)
+    if not loc.ips:
+        raise UsageError(f"container {name!r} on {loc.node} has no network address to read state from")
+    ip = loc.ips[0]
+    port = loc.port or 8000
+    data = read_state(lab, ip, port)
+    if data is None:
+        raise PodmigrateError(
+            f"workload {name!r} on {loc.node} does not answer at {ip}:{port}/state",
+            hint="is it a stream-server workload? is it still starting?",
+        )
+    return {**data, "name": name, "node": loc.node, "ip": ip, "service": f"http://{ip}:{port}"}
+
+
+def stop(lab: Lab, name: str) -> dict[str, Any]:
+    inv = inventory(lab)
+    removed: list[str] = []
+    ips: set[str] = set()
+    for node, ctrs in inv.items():
+        for c in ctrs:
+            pod = c["pod"]
+            if c["name"] == name or (pod and c["name"] in (f"{name}-server", f"{name}-sidecar")):
+                agent = lab.agent(node)
+                try:
+                    agent.delete(f"/v1/containers/{name if pod else c['name']}")
+                finally:
+                    agent.close()
+                ips.update(c["ips"])
+                removed.append(f"{node}/{c['name']}")
+    if not removed:
+        raise UsageError(
+            f"no workload named {name!r} in lab {lab.name!r}", hint="list containers with: podmigrate lab status"
+        )
+    lan = lab.agent("lan")
+    try:
+        for ip in ips:
+            lan.delete(f"/v1/routes/{ip}")
+    finally:
+        lan.close()
+    return {"removed": removed, "routes_removed": sorted(ips)}
