@@ -121,6 +121,15 @@ def _safe_id(value: str) -> str:
 def node_app(app: App) -> None:
     rt = Podman(app.name)
     ckdir = Path(layout.NODE_CHECKPOINTS)
+    # One lock per checkpoint id: an undo (delete, registry delete) sent by a controller that gave up,
+    # or by a later one recovering, waits for the operation still running on that checkpoint, instead
+    # of racing it and letting it leave an image or an archive behind.
+    locks: dict[str, threading.Lock] = {}
+    locks_guard = threading.Lock()
+
+    def busy(cid: str) -> threading.Lock:
+        with locks_guard:
+            return locks.setdefault(_safe_id(cid), threading.Lock())
 
     def archive(cid: str) -> Path:
         return ckdir / f"{_safe_id(cid)}.tar"
@@ -160,9 +169,13 @@ def node_app(app: App) -> None:
     @app.route("POST", "/v1/containers/(?P<name>[^/]+)/checkpoint")
     def checkpoint(p: dict[str, str], b: dict[str, Any]) -> Any:
         a = archive(b["checkpoint_id"])
-        res = rt.checkpoint(
-            p["name"], a, tcp_established=b.get("tcp_established", True), leave_running=b.get("leave_running", False)
-        )
+        with busy(b["checkpoint_id"]):
+            res = rt.checkpoint(
+                p["name"],
+                a,
+                tcp_established=b.get("tcp_established", True),
+                leave_running=b.get("leave_running", False),
+            )
         return {**res, "archive": str(a)}
 
     @app.route("POST", "/v1/containers/(?P<name>[^/]+)/restore")
@@ -173,23 +186,27 @@ def node_app(app: App) -> None:
     def restore_archive(p: dict[str, str], b: dict[str, Any]) -> Any:
         if b.get("image"):
             b["image_pulled"] = rt.ensure_image(b["image"])
-        res = rt.restore_archive(archive(p["cid"]), tcp_established=b.get("tcp_established", True))
+        with busy(p["cid"]):
+            res = rt.restore_archive(archive(p["cid"]), tcp_established=b.get("tcp_established", True))
         return {**res, "image_pulled": b.get("image_pulled", False)}
 
     @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/push")
     def push(p: dict[str, str], b: dict[str, Any]) -> Any:
-        return registry.push_checkpoint(archive(p["cid"]), b["reference"], b.get("annotations") or {})
+        with busy(p["cid"]):
+            return registry.push_checkpoint(archive(p["cid"]), b["reference"], b.get("annotations") or {})
 
     @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/pull")
     def pull(p: dict[str, str], b: dict[str, Any]) -> Any:
-        return registry.pull_checkpoint(b["reference"], archive(p["cid"]))
+        with busy(p["cid"]):
+            return registry.pull_checkpoint(b["reference"], archive(p["cid"]))
 
     @app.route("DELETE", "/v1/checkpoints/(?P<cid>[^/]+)")
     def delete(p: dict[str, str], b: dict[str, Any]) -> Any:
         a = archive(p["cid"])
-        existed = a.exists()
-        a.unlink(missing_ok=True)
-        a.with_name(a.name + ".part").unlink(missing_ok=True)
+        with busy(p["cid"]):
+            existed = a.exists()
+            a.unlink(missing_ok=True)
+            a.with_name(a.name + ".part").unlink(missing_ok=True)
         return {"deleted": existed}
 
     @app.route("GET", "/v1/checkpoints")
@@ -200,6 +217,9 @@ def node_app(app: App) -> None:
 
     @app.route("POST", "/v1/registry/delete")
     def reg_delete(p: dict[str, str], b: dict[str, Any]) -> Any:
+        if b.get("checkpoint_id"):
+            with busy(b["checkpoint_id"]):
+                return {"deleted": registry.delete_checkpoint(b["reference"])}
         return {"deleted": registry.delete_checkpoint(b["reference"])}
 
 

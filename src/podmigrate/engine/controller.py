@@ -186,7 +186,9 @@ def push(ctx: Ctx) -> None:
 
 
 def undo_push(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> str:
-    gone = agent(rec["source"]).post("/v1/registry/delete", {"reference": rec["reference"]})["deleted"]
+    gone = agent(rec["source"]).post(
+        "/v1/registry/delete", {"reference": rec["reference"], "checkpoint_id": rec["id"]}
+    )["deleted"]
     return f"deleted {rec['reference']}" if gone else "no image to delete"
 
 
@@ -334,6 +336,7 @@ PHASES: list[tuple[str, Callable[[Ctx], None], Undo | None]] = [
     ("cleanup", cleanup, None),
 ]
 POINT_OF_NO_RETURN = "cleanup"
+ARTIFACT_UNDOS = ("push", "pull")
 
 
 # ------------------------------------------------------------------------------------ running
@@ -437,7 +440,12 @@ def _stop_probe_quietly(ctx: Ctx) -> None:
 
 
 def rollback(lab: Lab, rec: Record, agent: Callable[[str], AgentClient], report: Report) -> None:
-    """Undo every phase that started, newest first; the record says what was done."""
+    """Undo every phase that started, newest first; the record says what was done.
+
+    An undo that only deletes a copy of the checkpoint (``ARTIFACT_UNDOS``) and fails leaves a
+    leftover for ``leftovers`` (the workload is safe); any other failed undo means the workload's
+    placement is uncertain, and the status becomes ``failed``.
+    """
     started = [p["name"] for p in rec["phases"]]
     failures = 0
     for name, _do, undo in reversed(PHASES):
@@ -448,9 +456,12 @@ def rollback(lab: Lab, rec: Record, agent: Callable[[str], AgentClient], report:
             rec["rollbacks"].append({"phase": name, "ok": True, "did": what, "at": time.time()})
             report(f"↶ {name:<10} {what}")
         except Exception as e:
-            failures += 1
             rec["rollbacks"].append({"phase": name, "ok": False, "error": str(e), "at": time.time()})
             report(f"✗ undo {name}: {e}")
+            if name in ARTIFACT_UNDOS:
+                rec.setdefault("leftovers", []).append({"phase": name, "error": str(e)})
+            else:
+                failures += 1
     rec["status"] = "failed" if failures else "rolled_back"
 
 

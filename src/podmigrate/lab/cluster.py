@@ -335,18 +335,40 @@ class Lab:
         if cg.exists():
             report(f"stopping every process of lab {self.name!r}")
             (cg / "cgroup.kill").write_text("1")
+            # cgroup.procs empties before the tasks are gone; "populated 0" means really gone
             deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and _procs(cg):
+            while time.monotonic() < deadline and "populated 1" in (cg / "cgroup.events").read_text():
                 time.sleep(0.05)
+            _reap(self.dir / "lab.pid")
             left = _procs(cg)
             if left:
                 raise LabError(f"processes of lab {self.name!r} survived cgroup.kill: {left[:10]}")
             for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
-                d.rmdir()
-            cg.rmdir()
+                _rmdir(d)
+            _rmdir(cg)
         if self.dir.exists():
             report(f"removing {self.dir}")
             shutil.rmtree(self.dir)
+
+
+def _reap(pidfile: Path) -> None:
+    """Collect the lab holder's exit status if this process started it (else it stays a zombie)."""
+    with contextlib.suppress(OSError, ValueError):
+        os.waitpid(int(pidfile.read_text()), os.WNOHANG)
+
+
+def _rmdir(d: Path) -> None:
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            d.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:  # EBUSY while the kernel finishes tearing the cgroup down
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
 
 
 def _procs(cg: Path) -> list[int]:

@@ -1,0 +1,242 @@
+"""Checkpoint/restore and cross-node migration in a real lab: state, connections, bad input, rollback."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from podmigrate import layout
+from podmigrate.engine.controller import Plan, migrate, recover, store_for
+from podmigrate.errors import LabError, MigrationFailed, UsageError
+from podmigrate.workload import manage
+from podmigrate.workload.image import workload_image
+
+from .conftest import LAB_NAME, wait_for
+
+pytestmark = pytest.mark.lab
+
+
+def node_files(lab: Any, node: str) -> list[str]:
+    return [c["id"] for c in lab.agent(node).get("/v1/checkpoints")]
+
+
+def registry_tags(lab: Any, repo: str) -> list[str]:
+    res = manage.lan_get(lab, f"http://{layout.REGISTRY}/v2/{repo}/tags/list")
+    if not res["ok"]:
+        return []
+    return json.loads(res["body"]).get("tags") or []
+
+
+def assert_clean(lab: Any, name: str) -> None:
+    """No checkpoint archives on any node, no checkpoint image tag, no stopped copies."""
+    for n in lab.nodes:
+        assert node_files(lab, n) == [], f"archives left on {n}"
+    assert registry_tags(lab, f"podmigrate/checkpoints/{name}") == []
+    copies = [(n, c["state"]) for n, cs in manage.inventory(lab).items() for c in cs if c["name"] == name]
+    assert len(copies) == 1 and copies[0][1] == "running", copies
+
+
+def test_workload_state_is_read_through_its_service_address(lab, workload):
+    st = workload(heap_mb=32)
+    assert st["node"] == "node-a" and st["heap_mb"] == 32
+    assert layout.in_workload_subnet(st["ip"])
+    assert len(st["sha256"]) == 64 and st["counter"] >= 0 and st["pid"] == 1
+    again = manage.state(lab, st["name"])
+    assert again["sha256"] == st["sha256"] and again["counter"] >= st["counter"]
+    via = lab.agent("lan").get(f"/v1/routes/{st['ip']}")["via"]
+    assert via == layout.node_ip("node-a")
+
+
+@pytest.mark.parametrize("heap", [0, -5])
+def test_a_heap_of_zero_or_negative_size_is_refused_and_starts_nothing(lab, heap):
+    before = manage.inventory(lab)
+    with pytest.raises(UsageError, match="heap size must be a positive number of MB"):
+        manage.start(lab, "badheap", "node-a", heap)
+    assert manage.inventory(lab) == before
+
+
+def test_unknown_node_and_taken_name_are_refused(lab, workload):
+    st = workload(heap_mb=16)
+    with pytest.raises(UsageError, match="no node 'node-z'"):
+        manage.start(lab, "elsewhere", "node-z", 16)
+    with pytest.raises(UsageError, match="already used"):
+        manage.start(lab, st["name"], "node-b", 16)
+
+
+def test_checkpoint_and_restore_on_one_node_keeps_the_heap(lab, workload):
+    st = workload(heap_mb=64)
+    a = lab.agent("node-a")
+    res = a.post(f"/v1/containers/{st['name']}/checkpoint", {"checkpoint_id": "local-test"})
+    assert res["stats"]["pages_written"] > 64 * 256 * 0.9  # 4 KiB pages of a 64 MB heap
+    assert res["archive_bytes"] > 64 << 20
+    stopped = [c for c in manage.inventory(lab)["node-a"] if c["name"] == st["name"]]
+    assert stopped[0]["state"] == "exited"  # stop-and-copy: the checkpoint stopped it
+    a.post(f"/v1/containers/{st['name']}/restore", {})
+    a.delete("/v1/checkpoints/local-test")
+    after = manage.state(lab, st["name"])
+    assert after["sha256"] == st["sha256"]
+    assert after["counter"] >= st["counter"] and after["started"] == st["started"]
+
+
+def test_migration_there_and_back_keeps_digest_and_counter(lab, workload):
+    st = workload(heap_mb=64)
+    name = st["name"]
+    there = migrate(lab, Plan(workload=name, target="node-b"))
+    back = migrate(lab, Plan(workload=name, target="node-a"))
+    for rec, src, dst in ((there, "node-a", "node-b"), (back, "node-b", "node-a")):
+        assert rec["status"] == "completed" and rec["source"] == src and rec["target"] == dst
+        assert rec["state_after"]["sha256"] == st["sha256"]
+        assert rec["checks"] == {"sha256_equal": True, "counter_not_backwards": True, "same_process_start": True}
+        assert rec["blackout_method"] == "probe" and rec["blackout_s"] > 0
+        assert not rec["blackout"]["counters"]["went_backwards"]
+        assert [p["name"] for p in rec["phases"]] == [
+            "validate",
+            "checkpoint",
+            "push",
+            "pull",
+            "restore",
+            "cutover",
+            "verify",
+            "cleanup",
+        ]
+        assert all(p["ok"] and p["ended"] >= p["started"] for p in rec["phases"])
+        assert rec["bytes"]["pushed"] == rec["bytes"]["pulled"] == rec["bytes"]["archive"] > 64 << 20
+        assert rec["criu"]["dump"]["pages_written"] > 0 and rec["criu"]["restore"]["pages_restored"] > 0
+        assert rec["service_addresses"] == [st["ip"]]
+    assert there["state_after"]["counter"] <= back["state_before"]["counter"]
+    final = manage.state(lab, name)
+    assert final["node"] == "node-a" and final["ip"] == st["ip"] and final["sha256"] == st["sha256"]
+    assert_clean(lab, name)
+    stored = store_for(lab).get(back["id"])
+    assert stored is not None and stored["status"] == "completed"
+
+
+def test_an_open_client_tcp_connection_survives_the_migration(lab, workload):
+    st = workload(heap_mb=32)
+    lan = lab.agent("lan")
+    conn = lan.post("/v1/connections", {"host": st["ip"], "port": 8000, "interval": 0.05})
+    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
+    migrate(lab, Plan(workload=st["name"], target="node-b"))
+    before = lan.get(f"/v1/connections/{conn['id']}")["requests"]
+    wait_for(
+        lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= before + 10,
+        60,
+        "requests over the same connection after the migration",
+    )
+    final = lan.delete(f"/v1/connections/{conn['id']}")
+    assert final["error"] is None and final["same_connection"], final
+    assert not final["counter_went_backwards"]
+    assert final["last_counter"] > final["first_counter"]
+
+
+def test_a_container_started_by_hand_with_podman_migrates(lab):
+    name = "byhand"
+    lab.run("node-a", ["podman", "rm", "-f", "-t", "0", name], check=False)
+    lab.run("node-a", ["podman", "run", "-d", "--name", name, "--network", "mig", "-e", "HEAP_MB=16", workload_image()])
+    ip = manage.locate(lab, name).ips[0]
+    manage.set_route(lab, ip, "node-a")  # a route for the LAN to reach it (the node's /24 does too)
+    before: dict[str, Any] = wait_for(lambda: manage.read_state(lab, ip, timeout=2), 60, "hand-made container answers")
+    try:
+        rec = migrate(lab, Plan(workload=name, target="node-b", probe="tcp:8000"))
+        assert rec["status"] == "completed" and rec["blackout_method"] == "probe"
+        after = manage.read_state(lab, ip)
+        assert after is not None and after["sha256"] == before["sha256"] and after["counter"] >= before["counter"]
+        assert manage.locate(lab, name).node == "node-b"
+    finally:
+        manage.stop(lab, name)
+
+
+def test_bad_migration_requests_are_refused_and_change_nothing(lab, workload):
+    st = workload(heap_mb=16)
+    name = st["name"]
+    store = store_for(lab)
+    known = {r["id"] for r in store.list()}
+    cases = [
+        (Plan(workload=name, target="node-z"), "no node 'node-z'"),
+        (Plan(workload="no-such-container", target="node-b"), "no container named 'no-such-container'"),
+        (Plan(workload=name, target="node-a"), "already runs on node-a"),
+        (Plan(workload=name, target="node-b", mode="teleport"), "unknown mode"),
+        (Plan(workload=name, target="node-b", probe="udp:1"), "not a probe"),
+    ]
+    for plan, message in cases:
+        with pytest.raises(UsageError, match=message):
+            migrate(lab, plan)
+    loc = manage.locate(lab, name)
+    assert loc.node == "node-a" and loc.container["id"] == manage.locate(lab, name).container["id"]
+    assert manage.state(lab, name)["started"] == st["started"]
+    assert {r["id"] for r in store.list()} == known
+    assert_clean(lab, name)
+
+
+def test_cli_reports_errors_for_people(lab):
+    env = {"PODMIGRATE_LAB": LAB_NAME}
+    res = CliRunner().invoke(__import__("podmigrate.cli").cli.main, ["migrate", "nope", "--to", "node-b"], env=env)
+    assert res.exit_code == 1
+    assert "ERROR: no container named 'nope'" in res.output and "hint:" in res.output
+    res = CliRunner().invoke(
+        __import__("podmigrate.cli").cli.main,
+        ["workload", "start", "heap", "--node", "node-a", "--name", "zero", "--heap-mb", "0"],
+        env=env,
+    )
+    assert res.exit_code == 1 and "heap size must be a positive number" in res.output
+
+
+def test_registry_down_during_push_rolls_back_to_the_source(lab, workload):
+    st = workload(heap_mb=32)
+    hold = lab.dir / "hold" / "registry"
+    hold.touch()
+    os.kill(int((lab.dir / "pids" / "registry.pid").read_text()), signal.SIGKILL)
+    try:
+        with pytest.raises(MigrationFailed, match=r"failed in phase push.*rolled back") as exc:
+            migrate(lab, Plan(workload=st["name"], target="node-b"))
+    finally:
+        hold.unlink()
+    rec = exc.value.details["record"]
+    assert rec["status"] == "rolled_back"
+    assert [r["phase"] for r in rec["rollbacks"]] == ["push", "checkpoint"]
+    assert rec["rollbacks"][1]["ok"] and "restored" in rec["rollbacks"][1]["did"]
+    after = manage.state(lab, st["name"])
+    assert after["node"] == "node-a" and after["sha256"] == st["sha256"] and after["counter"] >= st["counter"]
+    wait_for(lambda: manage.lan_get(lab, f"http://{layout.REGISTRY}/v2/", timeout=1)["ok"], 30, "registry back")
+    assert_clean(lab, st["name"])
+
+
+def test_a_controller_killed_mid_migration_is_rolled_back_by_the_next_command(lab, workload):
+    st = workload(heap_mb=128)
+    name = st["name"]
+    code = (
+        "from podmigrate.lab.cluster import Lab; from podmigrate.engine.controller import Plan, migrate; "
+        f"migrate(Lab({LAB_NAME!r}), Plan(workload={name!r}, target='node-b'))"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    store = store_for(lab)
+
+    def in_transfer() -> bool:
+        return any(r["workload"] == name and r["phase"] in ("push", "pull") for r in store.list(status="running"))
+
+    try:
+        wait_for(in_transfer, 120, "the migration to reach push or pull", step=0.02)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    done = recover(lab, store)
+    rec = next(r for r in done if r["workload"] == name)
+    assert rec["status"] == "rolled_back" and rec["rollbacks"][-1]["phase"] == "checkpoint"
+    after = manage.state(lab, name)
+    assert after["node"] == "node-a" and after["sha256"] == st["sha256"]
+    assert_clean(lab, name)
+
+
+def test_exec_on_an_unknown_node_or_a_failing_command_says_so(lab):
+    with pytest.raises(UsageError, match="targets are: lab, lan, node-a, node-b"):
+        lab.run("node-q", ["true"])
+    with pytest.raises(LabError, match="failed on node-a"):
+        lab.run("node-a", ["sh", "-c", "exit 3"])
+    assert lab.run("node-b", ["hostname", "-I"]).stdout.split()[0] == layout.node_ip("node-b")

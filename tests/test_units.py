@@ -1,0 +1,140 @@
+"""Pure logic: blackout from probe logs, errors on the wire, the address plan, small parsers."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from podmigrate import layout
+from podmigrate.cli import main
+from podmigrate.engine.blackout import blackout, counters_monotonic
+from podmigrate.engine.controller import parse_probe
+from podmigrate.errors import PodmigrateError, RuntimeBackendError, TransportError, UsageError
+from podmigrate.transport.registry import split_reference
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+def probes(pattern: str, t0: float = 100.0, dt: float = 0.02, latency: float = 0.005) -> list[dict[str, Any]]:
+    """'++--+' -> probe records: + answered, - failed (after a 1 s timeout)."""
+    out = []
+    for i, ch in enumerate(pattern):
+        sent = t0 + i * dt
+        ok = ch == "+"
+        out.append({"seq": i, "scheduled": sent, "sent": sent, "ok": ok, "answered": sent + (latency if ok else 1.0)})
+    return out
+
+
+def test_no_failure_means_no_blackout():
+    b = blackout(probes("+" * 50), 100.0, 101.0)
+    assert b["blackout_s"] == 0.0 and b["failed"] == 0 and b["probes"] == 50
+
+
+def test_blackout_runs_from_last_success_to_first_success():
+    b = blackout(probes("+++-----++"), 100.0, 101.0)
+    # last ok before: probe 2 answered at 100.045; first ok after: probe 8 answered at 100.165
+    assert b["blackout_s"] == pytest.approx(0.12)
+    assert b["failed"] == 5 and not b["unfinished"]
+
+
+def test_longest_of_several_gaps_is_the_blackout():
+    b = blackout(probes("+--+------+-+"), 100.0, 101.0)
+    assert b["blackout_s"] == pytest.approx(0.14)
+    assert b["failed"] == 9
+
+
+def test_failure_at_start_counts_from_the_first_probe():
+    b = blackout(probes("---++"), 100.0, 101.0)
+    assert b["last_ok_before"] is None
+    assert b["blackout_s"] == pytest.approx(0.065)
+
+
+def test_failure_at_end_is_flagged_unfinished():
+    b = blackout(probes("++---"), 100.0, 101.0)
+    assert b["unfinished"] and b["first_ok_after"] is None
+    assert b["blackout_s"] > 0
+
+
+def test_probes_out_of_order_are_sorted_by_send_time():
+    recs = probes("+++-----++")
+    b1 = blackout(recs, 100.0, 101.0)
+    b2 = blackout(list(reversed(recs)), 100.0, 101.0)
+    assert b1 == b2
+
+
+def test_gaps_outside_the_window_are_ignored():
+    b = blackout(probes("+--+" + "+" * 60 + "+"), 100.5, 102.0)
+    assert b["blackout_s"] == 0.0
+
+
+def test_counter_going_backwards_is_detected():
+    recs = probes("++++")
+    for r, c in zip(recs, [10, 11, 3, 4], strict=True):
+        r["counter"] = c
+    assert counters_monotonic(recs, recs[2]["sent"] - 0.001)["went_backwards"]
+    for r, c in zip(recs, [10, 11, 12, 13], strict=True):
+        r["counter"] = c
+    assert not counters_monotonic(recs, recs[2]["sent"] - 0.001)["went_backwards"]
+
+
+def test_errors_survive_the_wire_with_their_class_and_hint():
+    e = RuntimeBackendError("criu failed", hint="read the log", details={"criu_log": ["Error (x)"]})
+    back = PodmigrateError.from_wire(e.to_wire())
+    assert isinstance(back, RuntimeBackendError)
+    assert back.hint == "read the log" and back.details["criu_log"] == ["Error (x)"]
+    assert "hint: read the log" in str(back)
+
+
+def test_unknown_error_kind_becomes_the_base_class():
+    assert type(PodmigrateError.from_wire({"kind": "Nope", "message": "m"})) is PodmigrateError
+
+
+def test_address_plan():
+    assert layout.node_names(3) == ["node-a", "node-b", "node-c"]
+    assert layout.node_ip("node-b") == "10.77.0.12"
+    assert layout.node_range("node-c") == "10.89.3.0/24"
+    assert layout.in_workload_subnet("10.89.2.7") and not layout.in_workload_subnet("10.88.0.2")
+    with pytest.raises(ValueError):
+        layout.node_names(0)
+    with pytest.raises(ValueError):
+        layout.node_index("nodeA")
+
+
+def test_image_references_need_a_tag():
+    assert split_reference("10.77.0.1:5000/podmigrate/ckpt:abc") == ("10.77.0.1:5000", "podmigrate/ckpt", "abc")
+    with pytest.raises(TransportError):
+        split_reference("10.77.0.1:5000/podmigrate/ckpt")
+
+
+def test_probe_specs():
+    assert parse_probe("http:8000/healthz") == (8000, "/healthz")
+    assert parse_probe("tcp:5432") == (5432, None)
+    for bad in ("udp:1", "http:x/y", "tcp:0", "tcp:80/x", "8000"):
+        with pytest.raises(UsageError):
+            parse_probe(bad)
+
+
+def test_code_that_runs_inside_the_lab_needs_only_the_standard_library():
+    modules = [
+        "podmigrate.agent.server",
+        "podmigrate.lab.init",
+        "podmigrate.transport.registry",
+        "podmigrate.routing.route",
+        "podmigrate.runtime.podman",
+        "podmigrate.errors",
+    ]
+    code = f"import sys; sys.path.insert(0, {str(SRC)!r}); " + "; ".join(f"import {m}" for m in modules)
+    p = subprocess.run([sys.executable, "-I", "-S", "-c", code], capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+
+
+def test_cli_lists_its_commands():
+    res = CliRunner().invoke(main, ["--help"])
+    assert res.exit_code == 0
+    for cmd in ("lab", "workload", "migrate"):
+        assert cmd in res.output
