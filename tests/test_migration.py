@@ -240,3 +240,14 @@ def test_exec_on_an_unknown_node_or_a_failing_command_says_so(lab):
     with pytest.raises(LabError, match="failed on node-a"):
         lab.run("node-a", ["sh", "-c", "exit 3"])
     assert lab.run("node-b", ["hostname", "-I"]).stdout.split()[0] == layout.node_ip("node-b")
+
+
+def test_a_sidecar_pod_serves_through_its_sidecar_and_refuses_single_container_migration(lab, workload):
+    st = workload(heap_mb=16, sidecar=True)
+    pod = st["name"].removesuffix("-server")
+    # the server listens on 127.0.0.1:8090 only: an answer at the pod's address went through the sidecar
+    again = manage.state(lab, pod)
+    assert again["sha256"] == st["sha256"] and again["ip"] == st["ip"]
+    with pytest.raises(UsageError, match="belongs to a pod"):
+        migrate(lab, Plan(workload=pod, target="node-b"))
+    assert manage.state(lab, pod)["node"] == "node-a"

@@ -65,16 +65,13 @@ def locate(lab: Lab, name: str, inv: dict[str, list[ContainerInfo]] | None = Non
         for c in ctrs:
             if c["name"] == name or (c["id"].startswith(name) and len(name) >= 12):
                 found.append((node, c))
+    if not found and any(c["name"] == f"{name}-server" for cs in inv.values() for c in cs):
+        return locate(lab, f"{name}-server", inv)  # a pod started with --sidecar: its server
     running = [f for f in found if f[1]["state"] == "running"]
     if not found:
-        pods = sorted({(n, c["pod"]) for n, cs in inv.items() for c in cs if c["pod"]})
-        hint = "list containers with: podmigrate lab status"
-        if any(c["name"] == f"{name}-server" for cs in inv.values() for c in cs):
-            hint = f"{name!r} is a pod; its containers are {name}-server and {name}-sidecar"
         raise UsageError(
             f"no container named {name!r} on any node of lab {lab.name!r}",
-            hint=hint,
-            details={"pods": [f"{n}/{p[:12]}" for n, p in pods]} if pods else None,
+            hint="list containers with: podmigrate lab status",
         )
     if len(running) > 1:
         raise PodmigrateError(
