@@ -156,6 +156,11 @@ def node_app(app: App) -> None:
         rt.ensure_image(b["image"])
         return rt.run(b)  # type: ignore[arg-type]
 
+    @app.route("POST", "/v1/images")
+    def ensure_image(p: dict[str, str], b: dict[str, Any]) -> Any:
+        t0 = time.time()
+        return {"image": b["image"], "pulled": rt.ensure_image(b["image"]), "seconds": time.time() - t0}
+
     @app.route("POST", "/v1/pods")
     def pod(p: dict[str, str], b: dict[str, Any]) -> Any:
         rt.create_pod(b["name"], b.get("network", layout.WORKLOAD_NETWORK))

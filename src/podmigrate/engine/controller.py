@@ -122,6 +122,8 @@ def validate(ctx: Ctx) -> None:
                 hint="CRIU < 4.2 cannot dump sockets on kernels >= 6.16",
             )
         rec.setdefault("nodes", {})[n] = {k: info.get(k) for k in ("podman", "runc", "criu", "disk_free_bytes")}
+    # The target needs the container's base image; fetching it now keeps it out of the blackout.
+    rec["target_image"] = ctx.agent(rec["target"]).post("/v1/images", {"image": c["image"]})
     port, path = loc.port, loc.probe_path or "/healthz"
     path_or_none: str | None = path
     if rec["plan"].get("probe"):
