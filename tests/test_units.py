@@ -138,3 +138,20 @@ def test_cli_lists_its_commands():
     assert res.exit_code == 0
     for cmd in ("lab", "workload", "migrate"):
         assert cmd in res.output
+
+
+def test_a_success_slower_than_the_timeout_counts_as_failed():
+    recs = probes("+-+--+")
+    recs[2]["answered"] = recs[2]["sent"] + 1.004  # got through on a SYN retransmit
+    b = blackout(recs, 100.0, 101.0)
+    assert b["failed"] == 4
+    # from the first answer (100.005) to the last probe's answer (100.105)
+    assert b["blackout_s"] == pytest.approx(0.1)
+
+
+def test_a_slow_answer_before_the_run_does_not_shrink_it():
+    recs = probes("++---+")
+    recs[1]["answered"] = recs[1]["sent"] + 0.5  # slow, but within the timeout
+    b = blackout(recs, 100.0, 101.0)
+    # up until the first failure was sent (100.04), back at the answer of probe 5 (100.105)
+    assert b["blackout_s"] == pytest.approx(0.065)

@@ -220,8 +220,21 @@ def render_state(st: dict[str, Any]) -> None:
 @main.command()
 @click.argument("name")
 @click.option("--to", "target", required=True, help="Target node.")
-@click.option("--mode", default="stop-copy", show_default=True, type=click.Choice(["stop-copy"]))
-@click.option("--transport", default="registry", show_default=True, type=click.Choice(["registry"]))
+@click.option(
+    "--mode",
+    default="stop-copy",
+    show_default=True,
+    type=click.Choice(["stop-copy", "decoupled", "cold"]),
+    help="stop-copy: freeze, move, restore (no drift); decoupled: the source serves until its copy is up "
+    "(drift); cold: a fresh start from the image (state lost: the baseline).",
+)
+@click.option(
+    "--transport",
+    default="registry",
+    show_default=True,
+    type=click.Choice(["registry", "stream"]),
+    help="registry: an OCI checkpoint image through the lab registry; stream: straight from agent to agent.",
+)
 @click.option("--no-tcp-established", is_flag=True, help="Do not carry established TCP connections.")
 @click.option(
     "--probe",
@@ -265,9 +278,12 @@ def render_migration(rec: dict[str, Any]) -> None:
     for p, s in rec["phase_s"].items():
         t.add_row(p, f"{s:.3f}")
     out.print(t)
-    out.print(
-        f"blackout {rec['blackout_s']:.3f} s ({rec['blackout_method']}), moved {rec['bytes_moved'] / 2**20:.1f} MiB"
-    )
+    line = f"blackout {rec['blackout_s']:.3f} s ({rec['blackout_method']})"
+    if rec.get("blackout_cutover_s") is not None:
+        line += f", at the cutover {rec['blackout_cutover_s']:.3f} s"
+    if rec.get("drift"):
+        line += f"; drift {rec['drift']['counter']} ticks ({rec['drift']['since_checkpoint_s']:.2f} s since checkpoint)"
+    out.print(line + f"; moved {rec['bytes_moved'] / 2**20:.1f} MiB; state {rec.get('state', 'not checked')}")
     if rec.get("checks"):
         b, a = rec["state_before"], rec["state_after"]
         out.print(

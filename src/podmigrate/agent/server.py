@@ -33,7 +33,7 @@ from podmigrate.agent.probe import KeepAlive, Probe
 from podmigrate.errors import AgentError, PodmigrateError, UsageError
 from podmigrate.routing.route import RouteRouter
 from podmigrate.runtime.podman import Podman
-from podmigrate.transport import registry
+from podmigrate.transport import registry, stream
 
 Handler = Callable[[dict[str, str], dict[str, Any]], Any]
 STATUS = {"UsageError": 400, "AgentError": 502, "LabError": 503}
@@ -55,7 +55,9 @@ class App:
 
         return deco
 
-    def dispatch(self, method: str, path: str, auth: str | None, body: bytes) -> tuple[int, Any]:
+    def dispatch(self, method: str, path: str, auth: str | None, load: Callable[[], dict[str, Any]]) -> tuple[int, Any]:
+        """Route one request; ``load`` reads the body (JSON, or a raw stream for uploads) only
+        after the token was checked."""
         if not hmac.compare_digest((auth or "").encode(), f"Bearer {self.token}".encode()):
             return 401, {
                 "error": AgentError(
@@ -67,8 +69,7 @@ class App:
             match = rx.match(path)
             if match and m == method:
                 try:
-                    data = json.loads(body) if body else {}
-                    return 200, fn(match.groupdict(), data)
+                    return 200, fn(match.groupdict(), load())
                 except PodmigrateError as e:
                     e.details.setdefault("node", self.name)
                     return STATUS.get(type(e).__name__, 500), {"error": e.to_wire()}
@@ -92,10 +93,16 @@ def make_handler(app: App) -> type[BaseHTTPRequestHandler]:
         def address_string(self) -> str:
             return str(self.client_address[0]) if self.client_address else "unix"
 
-        def _handle(self) -> None:
+        def _load(self) -> dict[str, Any]:
             n = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(n) if n else b""
-            status, data = app.dispatch(self.command, self.path, self.headers.get("Authorization"), body)
+            if self.headers.get("Content-Type") == "application/octet-stream":
+                return {"stream": self.rfile, "length": n, "headers": dict(self.headers.items())}
+            return json.loads(self.rfile.read(n)) if n else {}
+
+        def _handle(self) -> None:
+            status, data = app.dispatch(self.command, self.path, self.headers.get("Authorization"), self._load)
+            if status != 200:
+                self.close_connection = True  # an unread request body must not be parsed as a request
             out = json.dumps(data).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -205,19 +212,59 @@ def node_app(app: App) -> None:
         with busy(p["cid"]):
             return registry.pull_checkpoint(b["reference"], archive(p["cid"]))
 
+    @app.route("PUT", "/v1/checkpoints/(?P<cid>[^/]+)")
+    def upload(p: dict[str, str], b: dict[str, Any]) -> Any:
+        if "stream" not in b:
+            raise UsageError("a checkpoint upload needs Content-Type: application/octet-stream")
+        with busy(p["cid"]):
+            return stream.receive(b["stream"], b["length"], archive(p["cid"]))
+
+    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/commit")
+    def commit(p: dict[str, str], b: dict[str, Any]) -> Any:
+        with busy(p["cid"]):
+            return stream.commit(archive(p["cid"]), b["sha256"])
+
+    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/send")
+    def send(p: dict[str, str], b: dict[str, Any]) -> Any:
+        target = b["node"]
+        with busy(p["cid"]):
+            return stream.send(archive(p["cid"]), layout.node_ip(target), layout.AGENT_PORT, p["cid"], app.token)
+
+    @app.route("GET", "/v1/containers/(?P<name>[^/]+)/spec")
+    def spec(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return rt.spec(p["name"])
+
+    @app.route("POST", "/v1/containers/(?P<name>[^/]+)/stop")
+    def stop(p: dict[str, str], b: dict[str, Any]) -> Any:
+        t0 = time.time()
+        rt.stop(p["name"], float(b.get("timeout", 2)))
+        return {"started": t0, "ended": time.time()}
+
+    @app.route("POST", "/v1/containers/(?P<name>[^/]+)/start")
+    def start(p: dict[str, str], b: dict[str, Any]) -> Any:
+        rt.start(p["name"])
+        return {"started": p["name"]}
+
+    @app.route("POST", "/v1/containers/(?P<name>[^/]+)/retire")
+    def retire(p: dict[str, str], b: dict[str, Any]) -> Any:
+        """Remove a container that a newer copy elsewhere replaced, cut off from the network first,
+        so that removing it sends no FIN or RST to clients whose connections moved on."""
+        return rt.retire(p["name"], b.get("ips") or [])
+
     @app.route("DELETE", "/v1/checkpoints/(?P<cid>[^/]+)")
     def delete(p: dict[str, str], b: dict[str, Any]) -> Any:
         a = archive(p["cid"])
         with busy(p["cid"]):
             existed = a.exists()
-            a.unlink(missing_ok=True)
-            a.with_name(a.name + ".part").unlink(missing_ok=True)
+            for f in (a, a.with_name(a.name + ".part"), a.with_name(a.name + ".part.sha256")):
+                f.unlink(missing_ok=True)
         return {"deleted": existed}
 
     @app.route("GET", "/v1/checkpoints")
     def listing(p: dict[str, str], b: dict[str, Any]) -> Any:
         return [
-            {"id": f.stem, "bytes": f.stat().st_size, "mtime": f.stat().st_mtime} for f in sorted(ckdir.glob("*.tar"))
+            {"id": f.name.split(".tar")[0], "file": f.name, "bytes": f.stat().st_size, "mtime": f.stat().st_mtime}
+            for f in sorted(ckdir.iterdir())
         ]
 
     @app.route("POST", "/v1/registry/delete")

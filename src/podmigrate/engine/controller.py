@@ -1,21 +1,26 @@
 """The migration controller: phases, their rollbacks, the record, and crash recovery.
 
-A migration is the ordered list ``PHASES``; it reads as the table of contents::
+A migration is an ordered list of phases chosen by mode and transport (``phases_for``); each list
+reads as the table of contents of that kind of migration::
 
-    validate -> checkpoint -> push -> pull -> restore -> cutover -> verify -> cleanup
+    stop-copy  validate -> checkpoint -> push -> pull | transfer -> restore -> cutover -> verify -> cleanup
+    decoupled  the same, but the checkpoint leaves the source running and serving until cleanup
+    cold       validate -> stop -> start (fresh, from the image) -> cutover -> verify -> cleanup
 
 Each phase has a ``do`` and, where it changes something, an ``undo`` that works from the persisted
 record alone (so a later process can run it) and is idempotent. If any phase before ``cleanup``
 fails, the controller undoes every phase that started, newest first: the target's copy is removed,
 the route goes back, and the source container is restored in place from the checkpoint that podman
-kept. ``verify`` is the point of no return: only after the target answered with the right state is
-the source removed. A record left ``running`` by a controller that died is rolled back (or, past
-the point of no return, cleaned up) by ``recover``, which every migrate command runs first.
+kept (or, cold, started again). ``verify`` is the point of no return: only after the target
+answered with the right state is the source removed. A record left ``running`` by a controller that
+died is rolled back (or, past the point of no return, cleaned up) by ``recover``, which every
+migrate command runs first.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import time
@@ -32,8 +37,8 @@ from podmigrate.lab.cluster import Lab
 from podmigrate.workload import manage
 
 Report = Callable[[str], None]
-MODES = ("stop-copy",)
-TRANSPORTS = ("registry",)
+MODES = ("stop-copy", "decoupled", "cold")
+TRANSPORTS = ("registry", "stream")
 
 
 @dataclass
@@ -122,6 +127,8 @@ def validate(ctx: Ctx) -> None:
                 hint="CRIU < 4.2 cannot dump sockets on kernels >= 6.16",
             )
         rec.setdefault("nodes", {})[n] = {k: info.get(k) for k in ("podman", "runc", "criu", "disk_free_bytes")}
+    if rec["mode"] == "cold":
+        rec["spec"] = ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/spec")
     # The target needs the container's base image; fetching it now keeps it out of the blackout.
     rec["target_image"] = ctx.agent(rec["target"]).post("/v1/images", {"image": c["image"]})
     port, path = loc.port, loc.probe_path or "/healthz"
@@ -153,9 +160,14 @@ def checkpoint(ctx: Ctx) -> None:
     rec = ctx.rec
     res = ctx.agent(rec["source"]).post(
         f"/v1/containers/{rec['container']}/checkpoint",
-        {"checkpoint_id": rec["id"], "tcp_established": rec["plan"]["tcp_established"]},
+        {
+            "checkpoint_id": rec["id"],
+            "tcp_established": rec["plan"]["tcp_established"],
+            "leave_running": rec["mode"] == "decoupled",
+        },
     )
     rec["freeze_started"] = res["started"]
+    rec["checkpoint_at"] = res["ended"]
     rec.setdefault("criu", {})["dump"] = res["stats"]
     rec.setdefault("bytes", {})["archive"] = res["archive_bytes"]
 
@@ -210,6 +222,34 @@ def undo_pull(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> str
     return f"deleted the archive on {rec['target']}"
 
 
+def transfer(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["source"]).post(f"/v1/checkpoints/{rec['id']}/send", {"node": rec["target"]})
+    rec["bytes"]["sent"] = res["bytes"]
+    rec["stream"] = {"sha256": res["sha256"], "seconds": round(res["ended"] - res["started"], 4)}
+
+
+def stop(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["source"]).post(f"/v1/containers/{rec['container']}/stop", {"timeout": 2})
+    rec["freeze_started"] = res["started"]
+
+
+def undo_stop(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> str:
+    src = agent(rec["source"])
+    c = {x["name"]: x for x in src.get("/v1/containers")}.get(rec["container"])
+    if c and c["state"] != "running":
+        src.post(f"/v1/containers/{rec['container']}/start")
+        return f"started {rec['container']} again on {rec['source']} (cold: its memory was lost)"
+    return "source container untouched"
+
+
+def start_fresh(ctx: Ctx) -> None:
+    rec = ctx.rec
+    spec = dict(rec["spec"])
+    ctx.agent(rec["target"]).post("/v1/containers", spec)
+
+
 def restore(ctx: Ctx) -> None:
     rec = ctx.rec
     res = ctx.agent(rec["target"]).post(
@@ -257,7 +297,6 @@ def undo_cutover(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> 
 def verify(ctx: Ctx) -> None:
     rec = ctx.rec
     probe = rec.get("probe")
-    checks: dict[str, Any] = {}
     if probe and probe["path"]:
         url = f"http://{probe['host']}:{probe['port']}{probe['path']}"
         deadline = time.monotonic() + rec["plan"]["verify_timeout"]
@@ -272,15 +311,24 @@ def verify(ctx: Ctx) -> None:
         before = rec["state_before"]
         if after is None:
             raise PodmigrateError(f"{rec['container']} answers but /state fails on {rec['target']}")
-        checks["sha256_equal"] = after.get("sha256") == before.get("sha256")
-        checks["counter_not_backwards"] = after.get("counter", -1) >= before.get("counter", 0)
-        checks["same_process_start"] = after.get("started") == before.get("started")
+        same_process = after.get("started") == before.get("started")
+        checks = {
+            "sha256_equal": after.get("sha256") == before.get("sha256"),
+            "counter_not_backwards": after.get("counter", -1) >= before.get("counter", 0),
+            "same_process_start": same_process,
+        }
         rec["checks"] = checks
-        if not checks["sha256_equal"] or not checks["counter_not_backwards"]:
+        if rec["mode"] == "cold":
+            # by design: a fresh process from the image; the heap is regenerated from the same seed,
+            # so its digest matches, but everything the process did (the counter) is gone
+            rec["state"] = "lost" if not same_process else "kept"
+        elif not all(checks.values()):
             raise PodmigrateError(
                 f"state check failed after restore on {rec['target']}: {checks}",
                 details={"before": before, "after": after},
             )
+        else:
+            rec["state"] = "kept"
     finish_probe(ctx)
 
 
@@ -298,18 +346,37 @@ def finish_probe(ctx: Ctx) -> None:
             break
         time.sleep(0.05)
     records = lan.delete(f"/v1/probes/{probe['id']}")
+    log = ctx.lab.dir / "probes" / f"{rec['id']}.json"
+    log.parent.mkdir(exist_ok=True)
+    log.write_text(json.dumps(records))
+    probe["log"] = str(log)
     start = float(rec.get("freeze_started") or rec["created"])
     b = blackout(records, start - 0.05, time.time())
-    b["counters"] = counters_monotonic(records, start)
+    b["counters"] = counters_monotonic(records, cut)
+    if rec.get("cutover"):
+        b["at_cutover"] = blackout(records, rec["cutover"]["switches"][0]["started"] - 0.05, time.time())
     probe["records"] = len(records)
     rec["blackout"] = b
+    if rec["mode"] == "decoupled":
+        c = b["counters"]
+        lost = (
+            (c["max_before"] - c["min_after"]) if c["max_before"] is not None and c["min_after"] is not None else None
+        )
+        rec["drift"] = {"counter": lost, "since_checkpoint_s": round(cut - rec["checkpoint_at"], 4)}
+    elif rec["mode"] == "stop-copy":
+        rec["drift"] = {"counter": 0, "since_checkpoint_s": 0.0}
 
 
 def cleanup(ctx: Ctx) -> None:
     rec = ctx.rec
     warnings: list[str] = []
     steps: tuple[tuple[str, Callable[[], object]], ...] = (
-        ("source container", lambda: ctx.agent(rec["source"]).delete(f"/v1/containers/{rec['container']}")),
+        (
+            "source container",
+            lambda: ctx.agent(rec["source"]).post(
+                f"/v1/containers/{rec['container']}/retire", {"ips": rec["service_addresses"]}
+            ),
+        ),
         ("source archive", lambda: ctx.agent(rec["source"]).delete(f"/v1/checkpoints/{rec['id']}")),
         ("target archive", lambda: ctx.agent(rec["target"]).delete(f"/v1/checkpoints/{rec['id']}")),
         (
@@ -327,18 +394,40 @@ def cleanup(ctx: Ctx) -> None:
 
 
 Undo = Callable[[Lab, Record, Callable[[str], AgentClient]], str]
-PHASES: list[tuple[str, Callable[[Ctx], None], Undo | None]] = [
-    ("validate", validate, None),
-    ("checkpoint", checkpoint, undo_checkpoint),
-    ("push", push, undo_push),
-    ("pull", pull, undo_pull),
-    ("restore", restore, undo_restore),
-    ("cutover", cutover, undo_cutover),
-    ("verify", verify, None),
-    ("cleanup", cleanup, None),
-]
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    do: Callable[[Ctx], None]
+    undo: Undo | None = None
+    artifact: bool = False  # its undo only deletes a copy: a failed undo leaves a leftover, not a risk
+
+
+VALIDATE = Phase("validate", validate)
+CHECKPOINT = Phase("checkpoint", checkpoint, undo_checkpoint)
+PUSH = Phase("push", push, undo_push, artifact=True)
+PULL = Phase("pull", pull, undo_pull, artifact=True)
+TRANSFER = Phase("transfer", transfer, undo_pull, artifact=True)
+RESTORE = Phase("restore", restore, undo_restore)
+STOP = Phase("stop", stop, undo_stop)
+START = Phase("start", start_fresh, undo_restore)
+CUTOVER = Phase("cutover", cutover, undo_cutover)
+VERIFY = Phase("verify", verify)
+CLEANUP = Phase("cleanup", cleanup)
+PHASES = {
+    p.name: p for p in (VALIDATE, CHECKPOINT, PUSH, PULL, TRANSFER, RESTORE, STOP, START, CUTOVER, VERIFY, CLEANUP)
+}
 POINT_OF_NO_RETURN = "cleanup"
-ARTIFACT_UNDOS = ("push", "pull")
+# the phases that start the probe: from here on the service may stop answering
+PROBE_FROM = ("checkpoint", "stop")
+
+
+def phases_for(mode: str, transport: str) -> list[Phase]:
+    if mode == "cold":
+        return [VALIDATE, STOP, START, CUTOVER, VERIFY, CLEANUP]
+    move = [PUSH, PULL] if transport == "registry" else [TRANSFER]
+    return [VALIDATE, CHECKPOINT, *move, RESTORE, CUTOVER, VERIFY, CLEANUP]
 
 
 # ------------------------------------------------------------------------------------ running
@@ -351,7 +440,7 @@ def new_record(plan: Plan) -> Record:
         "source": None,
         "target": plan.target,
         "mode": plan.mode,
-        "transport": plan.transport,
+        "transport": "none" if plan.mode == "cold" else plan.transport,
         "status": "running",
         "phase": None,
         "phases": [],
@@ -392,16 +481,17 @@ def migrate(lab: Lab, plan: Plan, report: Report = lambda _m: None) -> Record:
 def _run(ctx: Ctx) -> Record:
     rec = ctx.rec
     try:
-        for name, do, _undo in PHASES:
+        for phase in phases_for(rec["mode"], rec["transport"]):
+            name = phase.name
             rec["phase"] = name
             entry: dict[str, Any] = {"name": name, "started": time.time(), "ok": False}
             rec["phases"].append(entry)
             if name != "validate":  # a rejected request leaves no record behind
                 ctx.save()
-            if name == "checkpoint":
+            if name in PROBE_FROM:
                 start_probe(ctx)
                 entry["started"] = time.time()
-            do(ctx)
+            phase.do(ctx)
             entry["ended"] = time.time()
             entry["ok"] = True
             ctx.save()
@@ -444,24 +534,24 @@ def _stop_probe_quietly(ctx: Ctx) -> None:
 def rollback(lab: Lab, rec: Record, agent: Callable[[str], AgentClient], report: Report) -> None:
     """Undo every phase that started, newest first; the record says what was done.
 
-    An undo that only deletes a copy of the checkpoint (``ARTIFACT_UNDOS``) and fails leaves a
+    An undo that only deletes a copy of the checkpoint (``Phase.artifact``) and fails leaves a
     leftover for ``leftovers`` (the workload is safe); any other failed undo means the workload's
     placement is uncertain, and the status becomes ``failed``.
     """
-    started = [p["name"] for p in rec["phases"]]
     failures = 0
-    for name, _do, undo in reversed(PHASES):
-        if name not in started or undo is None:
+    for entry in reversed(rec["phases"]):
+        phase = PHASES[entry["name"]]
+        if phase.undo is None:
             continue
         try:
-            what = undo(lab, rec, agent)
-            rec["rollbacks"].append({"phase": name, "ok": True, "did": what, "at": time.time()})
-            report(f"↶ {name:<10} {what}")
+            what = phase.undo(lab, rec, agent)
+            rec["rollbacks"].append({"phase": phase.name, "ok": True, "did": what, "at": time.time()})
+            report(f"↶ {phase.name:<10} {what}")
         except Exception as e:
-            rec["rollbacks"].append({"phase": name, "ok": False, "error": str(e), "at": time.time()})
-            report(f"✗ undo {name}: {e}")
-            if name in ARTIFACT_UNDOS:
-                rec.setdefault("leftovers", []).append({"phase": name, "error": str(e)})
+            rec["rollbacks"].append({"phase": phase.name, "ok": False, "error": str(e), "at": time.time()})
+            report(f"✗ undo {phase.name}: {e}")
+            if phase.artifact:
+                rec.setdefault("leftovers", []).append({"phase": phase.name, "error": str(e)})
             else:
                 failures += 1
     rec["status"] = "failed" if failures else "rolled_back"
@@ -502,6 +592,10 @@ def summarize(rec: Record) -> None:
         end = rec.get("first_answer_at") or ph["cutover"]["ended"]
         rec["blackout_s"] = round(end - rec["freeze_started"], 4)
         rec["blackout_method"] = "controller"
-    rec["bytes_moved"] = rec.get("bytes", {}).get("pushed", 0) + rec.get("bytes", {}).get("pulled", 0)
-    total = rec["phase_s"].get("push", 0) + rec["phase_s"].get("pull", 0)
-    rec["throughput_mb_s"] = round(rec["bytes_moved"] / 2**20 / total, 1) if total else None
+    if b and b.get("at_cutover"):
+        rec["blackout_cutover_s"] = b["at_cutover"]["blackout_s"]
+    nbytes = rec.get("bytes", {})
+    # bytes that crossed the LAN: twice through the registry, once when streamed
+    rec["bytes_moved"] = nbytes.get("pushed", 0) + nbytes.get("pulled", 0) + nbytes.get("sent", 0)
+    total = sum(rec["phase_s"].get(p, 0) for p in ("push", "pull", "transfer"))
+    rec["throughput_mb_s"] = round(nbytes.get("archive", 0) / 2**20 / total, 1) if total else None

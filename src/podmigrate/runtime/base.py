@@ -20,6 +20,7 @@ class RunSpec(TypedDict, total=False):
     name: str
     image: str
     command: list[str]
+    entrypoint: list[str]
     env: dict[str, str]
     labels: dict[str, str]
     network: str
@@ -28,7 +29,7 @@ class RunSpec(TypedDict, total=False):
 
 
 class Runtime(Protocol):
-    """Eight verbs; each raises ``RuntimeBackendError`` with the runtime's own output on failure."""
+    """The verbs a node agent needs; each raises ``RuntimeBackendError`` with the runtime's own output on failure."""
 
     def info(self) -> dict[str, Any]: ...  # versions and capabilities
     def list_containers(self) -> list[ContainerInfo]: ...
@@ -41,3 +42,7 @@ class Runtime(Protocol):
     def restore_local(self, name: str, *, tcp_established: bool) -> dict[str, Any]: ...
     def restore_archive(self, archive: Path, *, tcp_established: bool) -> dict[str, Any]: ...
     def ensure_image(self, image: str) -> bool: ...  # True when it had to pull
+    def spec(self, name: str) -> dict[str, Any]: ...  # how to start it afresh (cold baseline)
+    def stop(self, name: str, timeout: float) -> None: ...
+    def start(self, name: str) -> None: ...
+    def retire(self, name: str, ips: list[str]) -> dict[str, Any]: ...  # isolate, then remove

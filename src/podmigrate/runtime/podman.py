@@ -119,6 +119,8 @@ class Podman:
             args += ["--network", spec.get("network", "mig")]
             if spec.get("ip"):
                 args += ["--ip", spec["ip"]]
+        if spec.get("entrypoint"):
+            args += ["--entrypoint", json.dumps(spec["entrypoint"])]
         for k, v in (spec.get("env") or {}).items():
             args += ["-e", f"{k}={v}"]
         for k, v in (spec.get("labels") or {}).items():
@@ -126,6 +128,55 @@ class Podman:
         args += [spec["image"], *(spec.get("command") or [])]
         self._run(*args, what=f"starting container {spec['name']}")
         return self.inspect(spec["name"])
+
+    def spec(self, name: str) -> dict[str, Any]:
+        """What it takes to start this container afresh elsewhere (the cold-restart baseline)."""
+        d = json.loads(self._run("container", "inspect", name).stdout)[0]
+        cfg = d.get("Config") or {}
+        info = self._info(d)
+        nets = list(((d.get("NetworkSettings") or {}).get("Networks") or {}).keys())
+        ep = cfg.get("Entrypoint")
+        return {
+            "name": info["name"],
+            "image": info["image"],
+            "command": cfg.get("Cmd") or [],
+            "entrypoint": ([ep] if isinstance(ep, str) else ep) or [],
+            "env": dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e),
+            "labels": info["labels"],
+            "network": nets[0] if nets else "mig",
+            "ip": info["ips"][0] if info["ips"] else "",
+        }
+
+    def stop(self, name: str, timeout: float = 2) -> None:
+        self._run("stop", "-t", str(int(timeout)), name, what=f"stopping {name}")
+
+    def start(self, name: str) -> None:
+        self._run("start", name, what=f"starting {name}")
+
+    def retire(self, name: str, ips: list[str]) -> dict[str, Any]:
+        """Cut ``name`` off the network (an nft drop in this node's forward path), then remove it.
+
+        Removing a container closes its sockets, which sends FIN/RST to clients whose connections
+        now live on the new copy; the drop rule swallows those. If the rule cannot be set the
+        container is removed all the same: two serving copies would be worse than a reset.
+        """
+        table = "podmigrate_retire_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
+        rules = "".join(f"    ip saddr {ip} drop\n    ip daddr {ip} drop\n" for ip in ips)
+        nft = (
+            f"table inet {table} {{\n  chain block {{\n"
+            f"    type filter hook forward priority -300; policy accept;\n{rules}  }}\n}}\n"
+        )
+        t0 = time.time()
+        isolated, error = False, None
+        if ips:
+            p = subprocess.run(["nft", "-f", "-"], input=nft, capture_output=True, text=True)
+            isolated, error = p.returncode == 0, p.stderr.strip()[-500:] or None
+        try:
+            self._run("rm", "-f", "-t", "0", name, missing_ok=True)
+        finally:
+            if isolated:
+                subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+        return {"removed": name, "isolated": isolated, "isolation_error": error, "started": t0, "ended": time.time()}
 
     def create_pod(self, name: str, network: str) -> None:
         self._run("pod", "create", "--name", name, "--network", network, what=f"creating pod {name}")
