@@ -251,3 +251,64 @@ def test_a_sidecar_pod_serves_through_its_sidecar_and_refuses_single_container_m
     with pytest.raises(UsageError, match="belongs to a pod"):
         migrate(lab, Plan(workload=pod, target="node-b"))
     assert manage.state(lab, pod)["node"] == "node-a"
+
+
+@pytest.mark.parametrize(
+    ("mode", "transport"), [("stop-copy", "stream"), ("decoupled", "registry"), ("decoupled", "stream")]
+)
+def test_each_mode_and_transport_goes_there_and_back_with_the_heap_intact(lab, workload, mode, transport):
+    st = workload(heap_mb=32)
+    name = st["name"]
+    recs = [migrate(lab, Plan(workload=name, target=t, mode=mode, transport=transport)) for t in ("node-b", "node-a")]
+    for rec in recs:
+        assert rec["status"] == "completed" and rec["state"] == "kept"
+        assert rec["state_after"]["sha256"] == st["sha256"]
+        assert rec["checks"]["same_process_start"]
+        assert rec["drift"]["counter"] >= 0
+        if transport == "stream":
+            assert "transfer" in rec["phase_s"] and "push" not in rec["phase_s"]
+            assert rec["bytes"]["sent"] == rec["bytes"]["archive"]
+        if mode == "decoupled":
+            # make-before-break: the copy was up before the switch, so nothing failed at the cutover
+            assert rec["blackout"]["at_cutover"]["failed"] == 0
+            assert rec["drift"]["since_checkpoint_s"] > 0
+        else:
+            assert rec["drift"] == {"counter": 0, "since_checkpoint_s": 0.0}
+    assert manage.state(lab, name)["node"] == "node-a"
+    assert_clean(lab, name)
+
+
+def test_cold_restart_starts_afresh_on_the_target_and_says_the_state_is_lost(lab, workload):
+    st = workload(heap_mb=16)
+    rec = migrate(lab, Plan(workload=st["name"], target="node-b", mode="cold"))
+    assert rec["status"] == "completed" and rec["transport"] == "none"
+    assert rec["state"] == "lost"
+    assert not rec["checks"]["same_process_start"]
+    after = manage.state(lab, st["name"])
+    assert after["node"] == "node-b" and after["ip"] == st["ip"]
+    assert after["started"] != st["started"] and after["counter"] < rec["state_before"]["counter"] + 1000
+    assert_clean(lab, st["name"])
+
+
+def test_gc_finds_and_removes_leftovers_and_history_lists_migrations(lab, workload):
+    from podmigrate.engine import gc
+
+    st = workload(heap_mb=16)
+    a = lab.agent("node-a")
+    a.post(f"/v1/containers/{st['name']}/checkpoint", {"checkpoint_id": "stray-1"})
+    a.post(f"/v1/containers/{st['name']}/restore", {})
+    ref = f"{layout.REGISTRY}/podmigrate/checkpoints/stray:stray-1"
+    a.post("/v1/checkpoints/stray-1/push", {"reference": ref, "annotations": {"x": "y"}})
+    lab.agent("lan").put("/v1/routes/10.89.9.9", {"via": layout.node_ip("node-b")})
+    listed = gc.collect(lab, dry_run=True)
+    assert "node-a:stray-1.tar" in listed["archives"]
+    assert ref in listed["images"]
+    assert any(r.startswith("10.89.9.9 ") for r in listed["routes"])
+    assert gc.collect(lab, dry_run=True) == listed  # a dry run removes nothing
+    gc.collect(lab)
+    assert gc.summary(gc.collect(lab, dry_run=True)) == "nothing to collect"
+    assert manage.state(lab, st["name"])["sha256"] == st["sha256"]
+    res = CliRunner().invoke(
+        __import__("podmigrate.cli").cli.main, ["history", "--json"], env={"PODMIGRATE_LAB": LAB_NAME}
+    )
+    assert res.exit_code == 0 and all(r["status"] in ("completed", "rolled_back") for r in json.loads(res.output))

@@ -345,3 +345,55 @@ def render_demo(s: dict[str, Any]) -> None:
     ok = "[green]yes[/green]", "[red]NO[/red]"
     out.print(f"heap sha256 {s['sha256']}: identical at every step: {ok[0] if s['digests_identical'] else ok[1]}")
     out.print(f"counter readings {s['counters']}: never backwards: {ok[0] if s['counter_never_backwards'] else ok[1]}")
+
+
+# ---------------------------------------------------------------------------------------- history, gc
+@main.command()
+@click.option("--limit", default=20, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def history(ctx: click.Context, limit: int, as_json: bool) -> None:
+    """List past migrations, newest first."""
+    from podmigrate.engine.controller import store_for
+
+    the_lab = get_lab(ctx)
+    the_lab.require_up()
+    recs = store_for(the_lab).list(limit=limit)
+    if as_json:
+        click.echo(json.dumps(recs, indent=2, default=str))
+        return
+    t = Table("id", "workload", "route", "mode", "transport", "status", "blackout s", "drift", "MiB moved")
+    for r in recs:
+        t.add_row(
+            r["id"],
+            r["workload"],
+            f"{r.get('source')} → {r['target']}",
+            r["mode"],
+            r["transport"],
+            r["status"],
+            f"{r['blackout_s']:.3f}" if r.get("blackout_s") is not None else "-",
+            str((r.get("drift") or {}).get("counter", "-")),
+            f"{r.get('bytes_moved', 0) / 2**20:.0f}",
+        )
+    out.print(t)
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Only list what would be removed.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
+    """Remove what failed or interrupted migrations left: archives, images, stopped copies, routes."""
+    from podmigrate.engine import gc as gc_mod
+
+    the_lab = get_lab(ctx)
+    the_lab.require_up()
+    with status("Collecting leftovers") as report:
+        found = gc_mod.collect(the_lab, dry_run=dry_run, report=report)
+    if as_json:
+        click.echo(json.dumps(found, indent=2))
+        return
+    for kind, items in found.items():
+        for item in items:
+            out.print(f"{'would remove' if dry_run else 'removed'} {kind[:-1]} {item}")
+    out.print(gc_mod.summary(found))

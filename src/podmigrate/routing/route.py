@@ -39,7 +39,8 @@ class RouteRouter:
 
     def lookup(self, addr: str) -> str | None:
         """The next hop the kernel uses for ``addr`` right now."""
-        data = json.loads(_ip("-j", "route", "get", _check(addr)) or "[]")
+        p = subprocess.run(["ip", "-j", "route", "get", _check(addr)], capture_output=True, text=True)
+        data = json.loads(p.stdout or "[]") if p.returncode == 0 else []  # no route: unreachable
         return data[0].get("gateway") if data else None
 
     def switch(self, addr: str, via: str) -> dict[str, Any]:
