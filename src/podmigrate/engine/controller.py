@@ -32,7 +32,7 @@ from podmigrate import layout
 from podmigrate.client import AgentClient
 from podmigrate.engine.blackout import blackout, counters_monotonic
 from podmigrate.engine.record import Record, Store
-from podmigrate.errors import MigrationFailed, PodmigrateError, UsageError
+from podmigrate.errors import AgentError, MigrationFailed, PodmigrateError, UsageError
 from podmigrate.lab.cluster import Lab
 from podmigrate.workload import manage
 
@@ -544,7 +544,7 @@ def rollback(lab: Lab, rec: Record, agent: Callable[[str], AgentClient], report:
         if phase.undo is None:
             continue
         try:
-            what = phase.undo(lab, rec, agent)
+            what = _undo_with_retry(phase, lab, rec, agent, report)
             rec["rollbacks"].append({"phase": phase.name, "ok": True, "did": what, "at": time.time()})
             report(f"↶ {phase.name:<10} {what}")
         except Exception as e:
@@ -555,6 +555,23 @@ def rollback(lab: Lab, rec: Record, agent: Callable[[str], AgentClient], report:
             else:
                 failures += 1
     rec["status"] = "failed" if failures else "rolled_back"
+
+
+def _undo_with_retry(
+    phase: Phase, lab: Lab, rec: Record, agent: Callable[[str], AgentClient], report: Report, patience: float = 60.0
+) -> str:
+    """An unreachable agent is usually one the lab is restarting: keep trying an undo that protects
+    the workload (not a mere artifact deletion) for ``patience`` seconds before giving up."""
+    assert phase.undo is not None
+    deadline = time.monotonic() + (0 if phase.artifact else patience)
+    while True:
+        try:
+            return phase.undo(lab, rec, agent)
+        except AgentError as e:
+            if time.monotonic() > deadline:
+                raise
+            report(f"… undo {phase.name}: {e.message}; retrying")
+            time.sleep(1.0)
 
 
 def recover(lab: Lab, store: Store, report: Report = lambda _m: None) -> list[Record]:

@@ -33,10 +33,18 @@ def send(archive: Path, host: str, port: int, cid: str, token: str) -> dict[str,
         conn.putheader("Content-Length", str(size))
         conn.endheaders()
         assert conn.sock is not None
-        with open(archive, "rb") as f:
-            while block := f.read(CHUNK):
-                h.update(block)
-                conn.sock.sendall(block)
+        try:
+            with open(archive, "rb") as f:
+                while block := f.read(CHUNK):
+                    h.update(block)
+                    conn.sock.sendall(block)
+        except (BrokenPipeError, ConnectionResetError) as e:
+            # the receiver stopped reading: its answer (e.g. a full disk) says why
+            reason = _early_answer(conn)
+            raise TransportError(
+                f"the target stopped receiving {archive.name}: {reason or e}",
+                hint="is the target node's disk full?" if "space" in reason else None,
+            ) from e
         resp = conn.getresponse()
         body = json.loads(resp.read() or b"{}")
     except OSError as e:
@@ -72,6 +80,15 @@ def send(archive: Path, host: str, port: int, cid: str, token: str) -> dict[str,
             f"the target did not accept checkpoint {cid}: {body.get('error', {}).get('message', body)}"
         )
     return {"bytes": size, "sha256": sent, "started": t0, "ended": time.time()}
+
+
+def _early_answer(conn: http.client.HTTPConnection) -> str:
+    try:
+        resp = conn.getresponse()
+        body = json.loads(resp.read() or b"{}")
+        return str(body.get("error", {}).get("message", ""))
+    except (OSError, ValueError, http.client.HTTPException):
+        return ""
 
 
 def receive(stream: IO[bytes], length: int, dest: Path) -> dict[str, Any]:

@@ -1,0 +1,120 @@
+"""Injected failures at each phase end with the workload serving on exactly one node, its heap
+intact, and nothing left behind (real lab). Faults are injected between phases through the
+controller's progress callback, which sees "✓ <phase>" as each phase completes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podmigrate import layout
+from podmigrate.engine.controller import Plan, migrate
+from podmigrate.errors import MigrationFailed
+from podmigrate.workload import manage
+
+from .conftest import wait_for
+from .test_migration import assert_clean
+
+pytestmark = pytest.mark.lab
+
+
+def after(phase: str, action: Callable[[], None]) -> Callable[[str], None]:
+    def report(msg: str) -> None:
+        if msg.startswith(f"✓ {phase} "):
+            action()
+
+    return report
+
+
+def fails_and_rolls_back(
+    lab: Any, st: dict[str, Any], phase: str, report: Callable[[str], None], **plan: Any
+) -> dict[str, Any]:
+    with pytest.raises(MigrationFailed, match=f"failed in phase {phase}.*rolled back") as exc:
+        migrate(lab, Plan(workload=st["name"], target="node-b", **plan), report)
+    rec: dict[str, Any] = exc.value.details["record"]
+    assert rec["status"] == "rolled_back", rec["rollbacks"]
+    now = manage.state(lab, st["name"])
+    assert now["node"] == "node-a" and now["sha256"] == st["sha256"] and now["started"] == st["started"]
+    assert now["counter"] >= st["counter"]
+    assert lab.agent("lan").get(f"/v1/routes/{st['ip']}")["via"] == layout.node_ip("node-a")
+    assert_clean(lab, st["name"])
+    return rec
+
+
+def test_a_tampered_checkpoint_image_is_refused_before_restore(lab, workload):
+    st = workload(heap_mb=16)
+    seen: dict[str, Any] = {}
+
+    def tamper() -> None:
+        blob = max(
+            (p for p in (lab.dir / "registry").rglob("data") if p.stat().st_size > 16 << 20),
+            key=lambda p: p.stat().st_mtime,
+        )
+        with open(blob, "r+b") as f:
+            f.seek(4096)
+            byte = f.read(1)
+            f.seek(4096)
+            f.write(bytes([byte[0] ^ 0xFF]))
+        seen["blob"] = blob
+
+    rec = fails_and_rolls_back(lab, st, "pull", after("push", tamper))
+    assert "refusing to restore" in rec["error"]["message"]
+    assert seen["blob"].parent.name in rec["checkpoint_image"]["layer_digest"]
+
+
+def test_a_restore_that_fails_rolls_back_to_the_source(lab, workload):
+    st = workload(heap_mb=16)
+
+    def break_archive() -> None:
+        files = lab.agent("node-b").get("/v1/checkpoints")
+        archive = Path(lab.dir / "nodes" / "node-b" / "checkpoints" / files[0]["file"])
+        archive.write_bytes(b"this is not a checkpoint archive")
+
+    rec = fails_and_rolls_back(lab, st, "restore", after("pull", break_archive))
+    assert rec["error"]["kind"] == "RuntimeBackendError"
+
+
+def test_a_cut_lan_link_during_transfer_rolls_back(lab, workload):
+    st = workload(heap_mb=16)
+
+    def cut() -> None:
+        lab.run("lan", ["ip", "link", "set", "vnode-b", "down"])
+
+    try:
+        fails_and_rolls_back(lab, st, "pull", after("push", cut))
+    finally:
+        lab.run("lan", ["ip", "link", "set", "vnode-b", "up"])
+
+
+def test_a_full_target_disk_rolls_back(lab, workload):
+    st = workload(heap_mb=32)
+    lab.run("node-b", ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", layout.NODE_CHECKPOINTS])
+    try:
+        rec = fails_and_rolls_back(lab, st, "transfer", lambda _m: None, transport="stream")
+        assert "No space left" in rec["error"]["message"] or "disk" in str(rec["error"]["hint"])
+    finally:
+        lab.run("node-b", ["umount", layout.NODE_CHECKPOINTS])
+
+
+def test_a_target_agent_killed_before_restore_rolls_back_once_it_is_back(lab, workload):
+    st = workload(heap_mb=16)
+    hold = lab.dir / "hold" / "node-b"
+
+    def kill_agent() -> None:
+        hold.touch()
+        os.kill(int((lab.dir / "pids" / "node-b.pid").read_text()), signal.SIGKILL)
+        # the lab brings it back a little later, as it would after a crash
+        threading.Timer(3.0, lambda: hold.unlink(missing_ok=True)).start()
+
+    try:
+        rec = fails_and_rolls_back(lab, st, "restore", after("pull", kill_agent))
+        assert rec["error"]["kind"] == "AgentError"
+    finally:
+        hold.unlink(missing_ok=True)
+        wait_for(lambda: (lab.dir / "agents" / "node-b.sock").exists(), 30, "node-b agent back")
