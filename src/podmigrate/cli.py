@@ -235,6 +235,13 @@ def render_state(st: dict[str, Any]) -> None:
     type=click.Choice(["registry", "stream"]),
     help="registry: an OCI checkpoint image through the lab registry; stream: straight from agent to agent.",
 )
+@click.option(
+    "--compression",
+    default="none",
+    show_default=True,
+    type=click.Choice(["none", "gzip", "zstd"]),
+    help="Registry transport: compress the checkpoint layer (gzip single-threaded, zstd multi-threaded).",
+)
 @click.option("--no-tcp-established", is_flag=True, help="Do not carry established TCP connections.")
 @click.option(
     "--probe",
@@ -248,6 +255,7 @@ def migrate(
     target: str,
     mode: str,
     transport: str,
+    compression: str,
     no_tcp_established: bool,
     probe: str | None,
     as_json: bool,
@@ -261,6 +269,7 @@ def migrate(
         target=target,
         mode=mode,
         transport=transport,
+        compression=compression,
         tcp_established=not no_tcp_established,
         probe=probe,
     )

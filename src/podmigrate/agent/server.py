@@ -205,7 +205,9 @@ def node_app(app: App) -> None:
     @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/push")
     def push(p: dict[str, str], b: dict[str, Any]) -> Any:
         with busy(p["cid"]):
-            return registry.push_checkpoint(archive(p["cid"]), b["reference"], b.get("annotations") or {})
+            return registry.push_checkpoint(
+                archive(p["cid"]), b["reference"], b.get("annotations") or {}, b.get("compression", "none")
+            )
 
     @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/pull")
     def pull(p: dict[str, str], b: dict[str, Any]) -> Any:

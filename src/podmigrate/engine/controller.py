@@ -47,6 +47,7 @@ class Plan:
     target: str
     mode: str = "stop-copy"
     transport: str = "registry"
+    compression: str = "none"  # registry transport: none (heaps do not compress), gzip, zstd
     tcp_established: bool = True
     probe: str | None = None  # "http:PORT/PATH" or "tcp:PORT"; default: the container's labels
     probe_interval: float = 0.02
@@ -192,7 +193,8 @@ def push(ctx: Ctx) -> None:
         rec["container"], {"io.podmigrate.migration": rec["id"], "io.podmigrate.source-node": rec["source"]}
     )
     res = ctx.agent(rec["source"]).post(
-        f"/v1/checkpoints/{rec['id']}/push", {"reference": rec["reference"], "annotations": ann}
+        f"/v1/checkpoints/{rec['id']}/push",
+        {"reference": rec["reference"], "annotations": ann, "compression": rec["plan"].get("compression", "none")},
     )
     rec["image"] = rec.get("image")
     rec["checkpoint_image"] = {k: res[k] for k in ("reference", "manifest_digest", "layer_digest")}
@@ -456,6 +458,10 @@ def migrate(lab: Lab, plan: Plan, report: Report = lambda _m: None) -> Record:
     """Run one migration; returns its record, or raises MigrationFailed after rolling back."""
     if plan.mode not in MODES:
         raise UsageError(f"unknown mode {plan.mode!r}", hint=f"modes: {', '.join(MODES)}")
+    if plan.compression not in ("none", "gzip", "zstd"):
+        raise UsageError(f"unknown compression {plan.compression!r}", hint="use none, gzip or zstd")
+    if plan.compression != "none" and plan.transport != "registry":
+        raise UsageError("compression applies to the registry transport only", hint="add --transport registry")
     if plan.transport not in TRANSPORTS:
         raise UsageError(f"unknown transport {plan.transport!r}", hint=f"transports: {', '.join(TRANSPORTS)}")
     lab.require_up()

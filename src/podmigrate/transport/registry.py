@@ -14,10 +14,13 @@ import hashlib
 import http.client
 import json
 import os
+import subprocess
+import threading
 import time
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import urlsplit
 
 from podmigrate.errors import TransportError
@@ -28,6 +31,74 @@ LAYER_TYPE = "application/vnd.oci.image.layer.v1.tar"
 CRIO_ANNOTATION = "io.kubernetes.cri-o.annotations.checkpoint.name"
 PODMAN_ANNOTATION = "io.podman.annotations.checkpoint.name"
 CHUNK = 1 << 20
+
+
+COMPRESSIONS = ("none", "gzip", "zstd")
+
+
+def _compress(chunks: Iterator[bytes], compression: str) -> Iterator[bytes]:
+    """Compress a stream of blocks: gzip in-process (single-threaded, like the study's buildah), zstd
+    with the multi-threaded ``zstd -T0``."""
+    if compression == "none":
+        yield from chunks
+    elif compression == "gzip":
+        z = zlib.compressobj(6, zlib.DEFLATED, 31)
+        for block in chunks:
+            if out := z.compress(block):
+                yield out
+        yield z.flush()
+    elif compression == "zstd":
+        proc = subprocess.Popen(["zstd", "-q", "-T0", "-3", "-c"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert proc.stdin is not None and proc.stdout is not None
+        stdin = proc.stdin
+
+        def feed() -> None:
+            try:
+                for block in chunks:
+                    stdin.write(block)
+            finally:
+                stdin.close()
+
+        feeder = threading.Thread(target=feed, daemon=True)
+        feeder.start()
+        while out := proc.stdout.read(CHUNK):
+            yield out
+        feeder.join()
+        if proc.wait():
+            raise TransportError(f"zstd failed with exit code {proc.returncode}")
+    else:
+        raise TransportError(f"unknown compression {compression!r}; use one of {', '.join(COMPRESSIONS)}")
+
+
+class _Sink:
+    """Writes a (possibly compressed) blob to a file, decompressing on the way."""
+
+    def __init__(self, f: IO[bytes], compression: str):
+        self.f, self.compression = f, compression
+        self.z = zlib.decompressobj(31) if compression == "gzip" else None
+        self.proc = (
+            subprocess.Popen(["zstd", "-d", "-q", "-c"], stdin=subprocess.PIPE, stdout=f)
+            if compression == "zstd"
+            else None
+        )
+
+    def write(self, block: bytes) -> None:
+        if self.z is not None:
+            self.f.write(self.z.decompress(block))
+        elif self.proc is not None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.write(block)
+        else:
+            self.f.write(block)
+
+    def close(self) -> None:
+        if self.z is not None:
+            self.f.write(self.z.flush())
+        elif self.proc is not None:
+            assert self.proc.stdin is not None
+            self.proc.stdin.close()
+            if self.proc.wait():
+                raise TransportError(f"zstd -d failed with exit code {self.proc.returncode}")
 
 
 def checkpoint_annotations(container: str, extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -103,20 +174,27 @@ class Registry:
         resp.read()
         conn.close()
 
-    def push_blob_file(self, repo: str, path: Path) -> tuple[str, int]:
-        h = hashlib.sha256()
+    def push_blob_file(self, repo: str, path: Path, compression: str = "none") -> tuple[str, int, str]:
+        """Upload ``path`` (compressed on the way); returns the blob's digest and size, and the
+        digest of the uncompressed content (the layer's diff_id)."""
+        raw, h = hashlib.sha256(), hashlib.sha256()
         size = 0
 
-        def chunks() -> Iterator[bytes]:
-            nonlocal size
+        def read() -> Iterator[bytes]:
             with open(path, "rb") as f:
                 while block := f.read(CHUNK):
-                    h.update(block)
-                    size += len(block)
+                    raw.update(block)
                     yield block
 
-        self._upload(repo, chunks(), lambda: f"sha256:{h.hexdigest()}", chunked=True)
-        return f"sha256:{h.hexdigest()}", size
+        def counted() -> Iterator[bytes]:
+            nonlocal size
+            for block in _compress(read(), compression):
+                h.update(block)
+                size += len(block)
+                yield block
+
+        self._upload(repo, counted(), lambda: f"sha256:{h.hexdigest()}", chunked=True)
+        return f"sha256:{h.hexdigest()}", size, f"sha256:{raw.hexdigest()}"
 
     def push_blob_bytes(self, repo: str, data: bytes) -> tuple[str, int]:
         digest = f"sha256:{hashlib.sha256(data).hexdigest()}"
@@ -138,7 +216,9 @@ class Registry:
         conn.close()
         return json.loads(body), resp.headers.get("Docker-Content-Digest", "")
 
-    def fetch_blob(self, repo: str, digest: str, dest: Path, expect_size: int | None = None) -> int:
+    def fetch_blob(
+        self, repo: str, digest: str, dest: Path, expect_size: int | None = None, compression: str = "none"
+    ) -> int:
         """Stream a blob into ``dest`` (owner-only), failing if its digest or size differ."""
         resp, conn = self._request("GET", f"/v2/{repo}/blobs/{digest}", ok=(200,))
         h = hashlib.sha256()
@@ -147,10 +227,12 @@ class Registry:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         try:
             with os.fdopen(fd, "wb") as f:
+                sink = _Sink(f, compression)
                 while block := resp.read(CHUNK):
                     h.update(block)
                     size += len(block)
-                    f.write(block)
+                    sink.write(block)
+                sink.close()
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise TransportError(
@@ -174,16 +256,20 @@ class Registry:
         conn.close()
 
 
-def push_checkpoint(archive: Path, reference: str, annotations: dict[str, str]) -> dict[str, Any]:
+def push_checkpoint(
+    archive: Path, reference: str, annotations: dict[str, str], compression: str = "none"
+) -> dict[str, Any]:
     """Push ``archive`` as a one-layer OCI checkpoint image; returns digests and sizes."""
+    if compression not in COMPRESSIONS:
+        raise TransportError(f"unknown compression {compression!r}; use one of {', '.join(COMPRESSIONS)}")
     host, repo, tag = split_reference(reference)
     reg = Registry(host)
     t0 = time.time()
-    layer_digest, layer_size = reg.push_blob_file(repo, archive)
+    layer_digest, layer_size, diff_id = reg.push_blob_file(repo, archive, compression)
     config = {
         "architecture": os.uname().machine.replace("x86_64", "amd64").replace("aarch64", "arm64"),
         "os": "linux",
-        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
         "config": {"Labels": annotations},
     }
     cfg_digest, cfg_size = reg.push_blob_bytes(repo, json.dumps(config).encode())
@@ -191,7 +277,7 @@ def push_checkpoint(archive: Path, reference: str, annotations: dict[str, str]) 
         "schemaVersion": 2,
         "mediaType": MANIFEST_TYPE,
         "config": {"mediaType": CONFIG_TYPE, "digest": cfg_digest, "size": cfg_size},
-        "layers": [{"mediaType": LAYER_TYPE, "digest": layer_digest, "size": layer_size}],
+        "layers": [{"mediaType": LAYER_TYPE + _SUFFIX[compression], "digest": layer_digest, "size": layer_size}],
         "annotations": annotations,
     }
     digest = reg.put_manifest(repo, tag, manifest)
@@ -200,9 +286,14 @@ def push_checkpoint(archive: Path, reference: str, annotations: dict[str, str]) 
         "manifest_digest": digest,
         "layer_digest": layer_digest,
         "bytes": layer_size,
+        "uncompressed_bytes": archive.stat().st_size,
+        "compression": compression,
         "started": t0,
         "ended": time.time(),
     }
+
+
+_SUFFIX = {"none": "", "gzip": "+gzip", "zstd": "+zstd"}
 
 
 def pull_checkpoint(reference: str, dest: Path) -> dict[str, Any]:
@@ -218,12 +309,15 @@ def pull_checkpoint(reference: str, dest: Path) -> dict[str, Any]:
             "annotation or not exactly one layer)"
         )
     layer = manifest["layers"][0]
-    size = reg.fetch_blob(repo, layer["digest"], dest, layer.get("size"))
+    mt = str(layer.get("mediaType", LAYER_TYPE))
+    compression = next((c for c, suf in _SUFFIX.items() if suf and mt.endswith(suf)), "none")
+    size = reg.fetch_blob(repo, layer["digest"], dest, layer.get("size"), compression)
     return {
         "reference": reference,
         "manifest_digest": digest,
         "layer_digest": layer["digest"],
         "bytes": size,
+        "compression": compression,
         "container": ann[CRIO_ANNOTATION],
         "started": t0,
         "ended": time.time(),
