@@ -17,6 +17,7 @@ import re
 import shutil
 import socket
 import socketserver
+import subprocess
 import sys
 import threading
 import time
@@ -30,7 +31,7 @@ from typing import Any
 
 from podmigrate import layout
 from podmigrate.agent.probe import KeepAlive, Probe
-from podmigrate.errors import AgentError, PodmigrateError, UsageError
+from podmigrate.errors import AgentError, PodmigrateError, RuntimeBackendError, UsageError
 from podmigrate.routing.route import RouteRouter
 from podmigrate.runtime.podman import Podman
 from podmigrate.transport import registry, stream
@@ -119,6 +120,19 @@ class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
     daemon_threads = True
 
 
+def _listening(port: int) -> bool:
+    suffix = f":{port:04X}"
+    with open("/proc/net/tcp") as f:
+        return any(x.split()[1].endswith(suffix) and x.split()[3] == "0A" for x in f.readlines()[1:])
+
+
+def _tail(path: Path, lines: int = 20) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
 def _safe_id(value: str) -> str:
     if not _SAFE_ID.match(value):
         raise UsageError(f"not a valid checkpoint id: {value!r}")
@@ -140,6 +154,11 @@ def node_app(app: App) -> None:
 
     def archive(cid: str) -> Path:
         return ckdir / f"{_safe_id(cid)}.tar"
+
+    def pages_dir(cid: str) -> Path:
+        return ckdir / f"{_safe_id(cid)}.pages"
+
+    servers: dict[str, subprocess.Popen[bytes]] = {}
 
     @app.route("GET", "/v1/info")
     def info(p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -181,12 +200,19 @@ def node_app(app: App) -> None:
     @app.route("POST", "/v1/containers/(?P<name>[^/]+)/checkpoint")
     def checkpoint(p: dict[str, str], b: dict[str, Any]) -> Any:
         a = archive(b["checkpoint_id"])
+        criu: tuple[str, ...] = ()
+        if b.get("page_server"):
+            ps = b["page_server"]
+            criu = ("page-server", f"address={ps['address']}", f"port={ps['port']}")
+            if b.get("leave_stopped"):
+                criu += ("leave-stopped",)
         with busy(b["checkpoint_id"]):
             res = rt.checkpoint(
                 p["name"],
                 a,
                 tcp_established=b.get("tcp_established", True),
-                leave_running=b.get("leave_running", False),
+                leave_running=b.get("leave_running", False) or bool(b.get("leave_stopped")),
+                criu=criu,
             )
         return {**res, "archive": str(a)}
 
@@ -198,8 +224,20 @@ def node_app(app: App) -> None:
     def restore_archive(p: dict[str, str], b: dict[str, Any]) -> Any:
         if b.get("image"):
             b["image_pulled"] = rt.ensure_image(b["image"])
+        pages = pages_dir(p["cid"])
+        criu: tuple[str, ...] = ()
         with busy(p["cid"]):
-            res = rt.restore_archive(archive(p["cid"]), tcp_established=b.get("tcp_established", True))
+            if pages.is_dir():
+                # the page server wrote the memory pages here; the rest of the images come in the archive
+                untar = subprocess.run(
+                    ["tar", "-C", str(pages), "-xf", str(archive(p["cid"])), "--strip-components=1", "checkpoint"],
+                    capture_output=True,
+                    text=True,
+                )
+                if untar.returncode:
+                    raise RuntimeBackendError(f"unpacking checkpoint {p['cid']} failed: {untar.stderr.strip()}")
+                criu = (f"images-dir={pages}",)
+            res = rt.restore_archive(archive(p["cid"]), tcp_established=b.get("tcp_established", True), criu=criu)
         return {**res, "image_pulled": b.get("image_pulled", False)}
 
     @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/push")
@@ -232,6 +270,47 @@ def node_app(app: App) -> None:
         with busy(p["cid"]):
             return stream.send(archive(p["cid"]), layout.node_ip(target), layout.AGENT_PORT, p["cid"], app.token)
 
+    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/page-server")
+    def page_server(p: dict[str, str], b: dict[str, Any]) -> Any:
+        """Start a CRIU page server that receives the memory pages of checkpoint ``cid``."""
+        pages = pages_dir(p["cid"])
+        pages.mkdir(mode=0o700, exist_ok=True)
+        with socket.socket() as probe:  # a free port; the page server takes it right after
+            probe.bind((layout.node_ip(app.name), 0))
+            port = probe.getsockname()[1]
+        ps = subprocess.Popen(
+            [
+                "criu",
+                "page-server",
+                "-D",
+                str(pages),
+                "--address",
+                layout.node_ip(app.name),
+                "--port",
+                str(port),
+                "-o",
+                "page-server.log",
+                "-v2",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        servers[p["cid"]] = ps
+        deadline = time.monotonic() + 10
+        while not _listening(port):
+            if ps.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeBackendError(
+                    f"criu page-server for {p['cid']} did not start on {app.name}",
+                    details={"log": _tail(pages / "page-server.log")},
+                )
+            time.sleep(0.01)
+        return {"address": layout.node_ip(app.name), "port": port}
+
+    @app.route("POST", "/v1/containers/(?P<name>[^/]+)/resume")
+    def resume(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return rt.resume(p["name"])
+
     @app.route("GET", "/v1/containers/(?P<name>[^/]+)/spec")
     def spec(p: dict[str, str], b: dict[str, Any]) -> Any:
         return rt.spec(p["name"])
@@ -256,7 +335,12 @@ def node_app(app: App) -> None:
     @app.route("DELETE", "/v1/checkpoints/(?P<cid>[^/]+)")
     def delete(p: dict[str, str], b: dict[str, Any]) -> Any:
         a = archive(p["cid"])
+        ps = servers.pop(p["cid"], None)
+        if ps is not None and ps.poll() is None:
+            ps.kill()
+            ps.wait()
         with busy(p["cid"]):
+            shutil.rmtree(pages_dir(p["cid"]), ignore_errors=True)
             existed = a.exists()
             for f in (a, a.with_name(a.name + ".part"), a.with_name(a.name + ".part.sha256")):
                 f.unlink(missing_ok=True)
@@ -265,7 +349,7 @@ def node_app(app: App) -> None:
     @app.route("GET", "/v1/checkpoints")
     def listing(p: dict[str, str], b: dict[str, Any]) -> Any:
         return [
-            {"id": f.name.split(".tar")[0], "file": f.name, "bytes": f.stat().st_size, "mtime": f.stat().st_mtime}
+            {"id": f.name.split(".", 1)[0], "file": f.name, "bytes": f.stat().st_size, "mtime": f.stat().st_mtime}
             for f in sorted(ckdir.iterdir())
         ]
 

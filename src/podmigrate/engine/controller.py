@@ -165,12 +165,18 @@ def checkpoint(ctx: Ctx) -> None:
             "checkpoint_id": rec["id"],
             "tcp_established": rec["plan"]["tcp_established"],
             "leave_running": rec["mode"] == "decoupled",
+            # streamed: pages go straight to the target's page server; a stop-copy source stays
+            # frozen (not killed) until the target serves, as the copy to roll back to
+            "page_server": rec.get("page_server"),
+            "leave_stopped": rec.get("leave_stopped", False),
         },
     )
     rec["freeze_started"] = res["started"]
     rec["checkpoint_at"] = res["ended"]
     rec.setdefault("criu", {})["dump"] = res["stats"]
     rec.setdefault("bytes", {})["archive"] = res["archive_bytes"]
+    if rec.get("page_server"):
+        rec["bytes"]["pages"] = int(res["stats"].get("pages_written", 0)) * 4096
 
 
 def undo_checkpoint(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> str:
@@ -178,6 +184,9 @@ def undo_checkpoint(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) 
     ctrs = {c["name"]: c for c in src.get("/v1/containers")}
     c = ctrs.get(rec["container"])
     out = "source container untouched"
+    if c and c["state"] == "running" and rec.get("leave_stopped"):
+        res = src.post(f"/v1/containers/{rec['container']}/resume")
+        out = f"resumed {rec['container']} on {rec['source']} ({len(res['woken'])} tasks, unlocked {res['unlocked']})"
     if c and c["state"] != "running":
         src.post(f"/v1/containers/{rec['container']}/restore", {"tcp_established": rec["plan"]["tcp_established"]})
         out = f"restored {rec['container']} in place on {rec['source']}"
@@ -229,6 +238,12 @@ def transfer(ctx: Ctx) -> None:
     res = ctx.agent(rec["source"]).post(f"/v1/checkpoints/{rec['id']}/send", {"node": rec["target"]})
     rec["bytes"]["sent"] = res["bytes"]
     rec["stream"] = {"sha256": res["sha256"], "seconds": round(res["ended"] - res["started"], 4)}
+
+
+def page_server(ctx: Ctx) -> None:
+    rec = ctx.rec
+    rec["page_server"] = ctx.agent(rec["target"]).post(f"/v1/checkpoints/{rec['id']}/page-server")
+    rec["leave_stopped"] = rec["mode"] == "stop-copy"
 
 
 def stop(ctx: Ctx) -> None:
@@ -411,6 +426,7 @@ CHECKPOINT = Phase("checkpoint", checkpoint, undo_checkpoint)
 PUSH = Phase("push", push, undo_push, artifact=True)
 PULL = Phase("pull", pull, undo_pull, artifact=True)
 TRANSFER = Phase("transfer", transfer, undo_pull, artifact=True)
+PAGE_SERVER = Phase("page-server", page_server, undo_pull, artifact=True)
 RESTORE = Phase("restore", restore, undo_restore)
 STOP = Phase("stop", stop, undo_stop)
 START = Phase("start", start_fresh, undo_restore)
@@ -418,7 +434,8 @@ CUTOVER = Phase("cutover", cutover, undo_cutover)
 VERIFY = Phase("verify", verify)
 CLEANUP = Phase("cleanup", cleanup)
 PHASES = {
-    p.name: p for p in (VALIDATE, CHECKPOINT, PUSH, PULL, TRANSFER, RESTORE, STOP, START, CUTOVER, VERIFY, CLEANUP)
+    p.name: p
+    for p in (VALIDATE, PAGE_SERVER, CHECKPOINT, PUSH, PULL, TRANSFER, RESTORE, STOP, START, CUTOVER, VERIFY, CLEANUP)
 }
 POINT_OF_NO_RETURN = "cleanup"
 # the phases that start the probe: from here on the service may stop answering
@@ -428,8 +445,11 @@ PROBE_FROM = ("checkpoint", "stop")
 def phases_for(mode: str, transport: str) -> list[Phase]:
     if mode == "cold":
         return [VALIDATE, STOP, START, CUTOVER, VERIFY, CLEANUP]
-    move = [PUSH, PULL] if transport == "registry" else [TRANSFER]
-    return [VALIDATE, CHECKPOINT, *move, RESTORE, CUTOVER, VERIFY, CLEANUP]
+    if transport == "registry":
+        return [VALIDATE, CHECKPOINT, PUSH, PULL, RESTORE, CUTOVER, VERIFY, CLEANUP]
+    # stream: memory pages flow into the target's CRIU page server during the dump; the rest of
+    # the checkpoint (a few MB) follows agent to agent
+    return [VALIDATE, PAGE_SERVER, CHECKPOINT, TRANSFER, RESTORE, CUTOVER, VERIFY, CLEANUP]
 
 
 # ------------------------------------------------------------------------------------ running
@@ -619,6 +639,11 @@ def summarize(rec: Record) -> None:
         rec["blackout_cutover_s"] = b["at_cutover"]["blackout_s"]
     nbytes = rec.get("bytes", {})
     # bytes that crossed the LAN: twice through the registry, once when streamed
-    rec["bytes_moved"] = nbytes.get("pushed", 0) + nbytes.get("pulled", 0) + nbytes.get("sent", 0)
-    total = sum(rec["phase_s"].get(p, 0) for p in ("push", "pull", "transfer"))
-    rec["throughput_mb_s"] = round(nbytes.get("archive", 0) / 2**20 / total, 1) if total else None
+    rec["bytes_moved"] = sum(nbytes.get(k, 0) for k in ("pushed", "pulled", "sent", "pages"))
+    if nbytes.get("pages"):  # the pages moved during the dump itself
+        total = rec["phase_s"].get("checkpoint", 0) + rec["phase_s"].get("transfer", 0)
+        moved = nbytes["pages"] + nbytes.get("sent", 0)
+    else:
+        total = sum(rec["phase_s"].get(p, 0) for p in ("push", "pull", "transfer"))
+        moved = nbytes.get("archive", 0)
+    rec["throughput_mb_s"] = round(moved / 2**20 / total, 1) if total else None

@@ -240,7 +240,14 @@ def node_main(name: str) -> None:
     sh("mount", "-t", "cgroup2", "none", "/sys/fs/cgroup")  # shows only this node's subtree
     os.makedirs("/sys/fs/cgroup/init", exist_ok=True)
     join_cgroup("/sys/fs/cgroup/init")  # keeps the node's root cgroup free of processes
+    # CRIU's options for runc live in /etc/criu/runc.conf; each node gets its own copy so that its
+    # agent can add page-server or lazy-pages options for one migration without touching other nodes
+    criu_etc = base / "criu-etc"
+    criu_etc.mkdir(parents=True, exist_ok=True)
+    (criu_etc / "runc.conf").write_text(open("/etc/criu/runc.conf").read())
+    (criu_etc / "runc.conf.default").write_text(open("/etc/criu/runc.conf").read())
     for sub, target in (
+        ("criu-etc", "/etc/criu"),
         ("containers", "/var/lib/containers"),
         ("networks", "/etc/containers/networks"),
         ("checkpoints", layout.NODE_CHECKPOINTS),

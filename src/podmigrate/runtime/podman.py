@@ -10,8 +10,12 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +39,29 @@ def _criu_log_tail(text: str, lines: int = 25) -> list[str]:
     return ([*errs[-8:], "...", *content[-lines:]]) if errs else content[-lines:]
 
 
+CRIU_CONF = Path("/etc/criu/runc.conf")
+
+
 class Podman:
+    # runc hands /etc/criu/runc.conf (node-private in the lab) to CRIU after its own options, which is
+    # how podman's ordinary checkpoint/restore become page-server or lazy-pages ones; one at a time
+    _criu_lock = threading.Lock()
+
     def __init__(self, node: str):
         self.node = node
+
+    @contextmanager
+    def criu_options(self, *lines: str) -> Iterator[None]:
+        if not lines:
+            yield
+            return
+        with self._criu_lock:
+            default = CRIU_CONF.with_name("runc.conf.default").read_text()
+            CRIU_CONF.write_text(default + "".join(f"{line}\n" for line in lines))
+            try:
+                yield
+            finally:
+                CRIU_CONF.write_text(default)
 
     def _run(
         self, *args: str, timeout: float = 900, what: str | None = None, missing_ok: bool = False
@@ -188,7 +212,13 @@ class Podman:
             self._run("rm", "-f", "-t", "0", name, missing_ok=True)
 
     def checkpoint(
-        self, name: str, archive: Path, *, tcp_established: bool = True, leave_running: bool = False
+        self,
+        name: str,
+        archive: Path,
+        *,
+        tcp_established: bool = True,
+        leave_running: bool = False,
+        criu: tuple[str, ...] = (),
     ) -> dict[str, Any]:
         args = ["container", "checkpoint", "--export", str(archive), "--compress", "none", "--keep", "--print-stats"]
         if tcp_established:
@@ -196,7 +226,8 @@ class Podman:
         if leave_running:
             args.append("--leave-running")
         t0 = time.time()
-        p = self._run(*args, name, what=f"checkpoint of {name}")
+        with self.criu_options(*criu):
+            p = self._run(*args, name, what=f"checkpoint of {name}")
         os.chmod(archive, 0o600)  # it holds the process's memory (the directory is 0700 too)
         stats = _stats(p.stdout)
         return {"started": t0, "ended": time.time(), "stats": stats, "archive_bytes": archive.stat().st_size}
@@ -209,13 +240,58 @@ class Podman:
         p = self._run(*args, name, what=f"restore of {name} in place")
         return {"started": t0, "ended": time.time(), "stats": _stats(p.stdout)}
 
-    def restore_archive(self, archive: Path, *, tcp_established: bool = True) -> dict[str, Any]:
+    def restore_archive(
+        self, archive: Path, *, tcp_established: bool = True, criu: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
         args = ["container", "restore", "--import", str(archive), "--print-stats"]
         if tcp_established:
             args.append("--tcp-established")
         t0 = time.time()
-        p = self._run(*args, what="restore from checkpoint archive")
+        with self.criu_options(*criu):
+            p = self._run(*args, what="restore from checkpoint archive")
         return {"started": t0, "ended": time.time(), "stats": _stats(p.stdout)}
+
+    def resume(self, name: str) -> dict[str, Any]:
+        """Wake a container that a dump left stopped (CRIU ``leave-stopped``): SIGCONT every task in
+        its PID namespace and drop the network lock CRIU left in its network namespace."""
+        pid = int(self._run("inspect", "-f", "{{.State.Pid}}", name).stdout.strip() or 0)
+        if pid <= 0:
+            raise RuntimeBackendError(f"{name} on {self.node} has no process to resume")
+        ns = os.readlink(f"/proc/{pid}/ns/pid")
+        woken = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    if os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                        os.kill(int(entry), signal.SIGCONT)
+                        woken.append(int(entry))
+                except OSError:
+                    pass
+        # CRIU locks the network with iptables (a CRIU chain jumped to from INPUT and OUTPUT) or with
+        # an nft table named CRIU-*, depending on its build; undo whichever is there
+        unlocked = []
+        for tool in ("iptables", "ip6tables"):
+            netns = ["nsenter", "-t", str(pid), "-n", tool]
+            if subprocess.run([*netns, "-L", "CRIU", "-n"], capture_output=True).returncode == 0:
+                for args in (
+                    ["-D", "INPUT", "-j", "CRIU"],
+                    ["-D", "OUTPUT", "-j", "CRIU"],
+                    ["-F", "CRIU"],
+                    ["-X", "CRIU"],
+                ):
+                    subprocess.run([*netns, *args], capture_output=True)
+                unlocked.append(f"{tool}:CRIU")
+        tables = subprocess.run(
+            ["nsenter", "-t", str(pid), "-n", "nft", "list", "tables"], capture_output=True, text=True
+        ).stdout.split("\n")
+        for line in tables:
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == "table" and parts[2].startswith("CRIU"):
+                subprocess.run(
+                    ["nsenter", "-t", str(pid), "-n", "nft", "delete", "table", parts[1], parts[2]], capture_output=True
+                )
+                unlocked.append(parts[2])
+        return {"woken": woken, "unlocked": unlocked}
 
     def ensure_image(self, image: str) -> bool:
         if subprocess.run(["podman", "image", "exists", image]).returncode == 0:
