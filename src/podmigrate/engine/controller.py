@@ -38,7 +38,8 @@ from podmigrate.workload import manage
 
 Report = Callable[[str], None]
 MODES = ("stop-copy", "decoupled", "cold")
-TRANSPORTS = ("registry", "stream")
+# archive: podman's own --export / --import path with an agent-to-agent copy (a baseline)
+TRANSPORTS = ("registry", "stream", "archive")
 
 
 @dataclass
@@ -447,6 +448,8 @@ def phases_for(mode: str, transport: str) -> list[Phase]:
         return [VALIDATE, STOP, START, CUTOVER, VERIFY, CLEANUP]
     if transport == "registry":
         return [VALIDATE, CHECKPOINT, PUSH, PULL, RESTORE, CUTOVER, VERIFY, CLEANUP]
+    if transport == "archive":
+        return [VALIDATE, CHECKPOINT, TRANSFER, RESTORE, CUTOVER, VERIFY, CLEANUP]
     # stream: memory pages flow into the target's CRIU page server during the dump; the rest of
     # the checkpoint (a few MB) follows agent to agent
     return [VALIDATE, PAGE_SERVER, CHECKPOINT, TRANSFER, RESTORE, CUTOVER, VERIFY, CLEANUP]
@@ -482,7 +485,7 @@ def migrate(lab: Lab, plan: Plan, report: Report = lambda _m: None) -> Record:
         raise UsageError(f"unknown compression {plan.compression!r}", hint="use none, gzip or zstd")
     if plan.compression != "none" and plan.transport != "registry":
         raise UsageError("compression applies to the registry transport only", hint="add --transport registry")
-    if plan.transport not in TRANSPORTS:
+    if plan.mode != "cold" and plan.transport not in TRANSPORTS:  # cold moves no checkpoint
         raise UsageError(f"unknown transport {plan.transport!r}", hint=f"transports: {', '.join(TRANSPORTS)}")
     lab.require_up()
     if plan.target not in lab.nodes:

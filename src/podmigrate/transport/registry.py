@@ -211,7 +211,8 @@ class Registry:
         return resp.headers.get("Docker-Content-Digest") or f"sha256:{hashlib.sha256(body).hexdigest()}"
 
     def get_manifest(self, repo: str, ref: str) -> tuple[dict[str, Any], str]:
-        resp, conn = self._request("GET", f"/v2/{repo}/manifests/{ref}", headers={"Accept": MANIFEST_TYPE}, ok=(200,))
+        accept = f"{MANIFEST_TYPE}, application/vnd.docker.distribution.manifest.v2+json"
+        resp, conn = self._request("GET", f"/v2/{repo}/manifests/{ref}", headers={"Accept": accept}, ok=(200,))
         body = resp.read()
         conn.close()
         return json.loads(body), resp.headers.get("Docker-Content-Digest", "")

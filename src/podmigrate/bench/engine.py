@@ -1,0 +1,209 @@
+"""The engine benchmark: blackout and phase times for each mode and transport at several heap sizes,
+next to Podman's own two paths, measured side by side in one run.
+
+For each heap size a stream-server is started on node-a and moved once there and back as a
+warm-up (first touch of fresh guest memory is slow on VMs; the warm-up runs are kept in the
+results, marked). Then every method runs ``runs`` times, alternating direction. Podman's paths:
+``archive`` (``checkpoint --export`` / copy / ``restore --import``, through the engine) and
+``podman-image`` (``checkpoint --create-image``, ``push``, ``pull``, ``restore IMAGE``, run as plain
+podman commands with the same prober and route switch).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+from podmigrate import layout
+from podmigrate.engine.blackout import blackout
+from podmigrate.engine.controller import Plan, migrate
+from podmigrate.errors import UsageError
+from podmigrate.lab.cluster import Lab, Report
+from podmigrate.workload import manage
+
+# (label, mode, transport, compression); cold last: it throws the state away
+METHODS: list[tuple[str, str, str, str]] = [
+    ("stop-copy/stream", "stop-copy", "stream", "none"),
+    ("stop-copy/registry", "stop-copy", "registry", "none"),
+    ("stop-copy/registry+zstd", "stop-copy", "registry", "zstd"),
+    ("decoupled/stream", "decoupled", "stream", "none"),
+    ("decoupled/registry", "decoupled", "registry", "none"),
+    ("podman archive (export/copy/import)", "stop-copy", "archive", "none"),
+    ("podman-image (create-image/push/pull)", "podman-image", "", ""),
+    ("cold restart", "cold", "none", "none"),
+]
+
+
+def _row(label: str, heap: int, rec: dict[str, Any], warmup: bool = False) -> dict[str, Any]:
+    dump = (rec.get("criu") or {}).get("dump") or {}
+    return {
+        "heap_mb": heap,
+        "method": label,
+        "warmup": warmup,
+        "direction": f"{rec['source']}->{rec['target']}",
+        "blackout_s": rec.get("blackout_s"),
+        "blackout_cutover_s": rec.get("blackout_cutover_s"),
+        "drift_counter": (rec.get("drift") or {}).get("counter"),
+        "state": rec.get("state"),
+        "phase_s": rec.get("phase_s", {}),
+        "criu_frozen_s": round(dump["frozen_time"] / 1e6, 3) if "frozen_time" in dump else None,
+        "bytes_moved": rec.get("bytes_moved"),
+        "id": rec.get("id"),
+    }
+
+
+def podman_image(lab: Lab, name: str, source: str, target: str, heap: int) -> dict[str, Any]:
+    """Podman's own registry path, timed phase by phase, probed like the engine's migrations."""
+    loc = manage.locate(lab, name)
+    ip = loc.ips[0]
+    ref = f"{layout.REGISTRY}/podmigrate/bench-image:{name}-{int(time.time())}"
+    lan = lab.agent("lan")
+    probe = lan.post("/v1/probes", {"host": ip, "port": 8000, "path": "/healthz"})["id"]
+    time.sleep(0.2)
+    t: dict[str, float] = {"start": time.time()}
+    try:
+        lab.run(
+            source,
+            ["podman", "container", "checkpoint", "--tcp-established", "--create-image", ref, name],
+            timeout=1800,
+        )
+        t["checkpoint"] = time.time()
+        lab.run(source, ["podman", "push", "-q", ref], timeout=1800)
+        t["push"] = time.time()
+        lab.run(target, ["podman", "pull", "-q", ref], timeout=1800)
+        t["pull"] = time.time()
+        lab.run(target, ["podman", "container", "restore", "--tcp-established", ref], timeout=1800)
+        t["restore"] = time.time()
+        lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(target)})
+        t["cutover"] = time.time()
+        deadline = time.monotonic() + 120
+        while not manage.lan_get(lab, f"http://{ip}:8000/healthz", timeout=2)["ok"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.3)
+    finally:
+        records = lan.delete(f"/v1/probes/{probe}")
+        lab.run(source, ["podman", "rm", "-f", "-t", "0", name], check=False)
+        for n in (source, target):
+            lab.run(n, ["podman", "rmi", "-f", ref], check=False)
+        lab.agent(source).post("/v1/registry/delete", {"reference": ref})
+        lan.close()
+    b = blackout(records, t["start"], time.time())
+    names = ["checkpoint", "push", "pull", "restore", "cutover"]
+    stamps = [t["start"], *(t[n] for n in names)]
+    return {
+        "id": None,
+        "source": source,
+        "target": target,
+        "blackout_s": b["blackout_s"],
+        "phase_s": {n: round(stamps[i + 1] - stamps[i], 4) for i, n in enumerate(names)},
+        "state": "kept",
+        "bytes_moved": None,
+    }
+
+
+def run(
+    lab: Lab,
+    heaps: list[int],
+    runs: int,
+    out_dir: Path,
+    report: Report = lambda _m: None,
+    methods: list[str] | None = None,
+) -> dict[str, Any]:
+    lab.require_up()
+    chosen = [m for m in METHODS if methods is None or m[0].split()[0] in methods or m[0] in methods]
+    if not chosen:
+        raise UsageError(f"no benchmark method matches {methods}", hint=f"methods: {[m[0] for m in METHODS]}")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = []
+    other = {"node-a": "node-b", "node-b": "node-a"}
+    for heap in heaps:
+        name = f"bench{heap}"
+        with contextlib.suppress(UsageError):
+            manage.stop(lab, name)
+        report(f"{heap} MB: starting the workload and warming up both nodes")
+        manage.start(lab, name, "node-a", heap)
+        for target in ("node-b", "node-a"):
+            rows.append(
+                _row(
+                    "warm-up stop-copy/stream",
+                    heap,
+                    migrate(lab, Plan(workload=name, target=target, transport="stream")),
+                    warmup=True,
+                )
+            )
+        for label, mode, transport, compression in chosen:
+            for i in range(runs):
+                source = manage.locate(lab, name).node
+                target = other[source]
+                report(f"{heap} MB: {label} run {i + 1}/{runs} ({source} -> {target})")
+                if mode == "podman-image":
+                    rec = podman_image(lab, name, source, target, heap)
+                else:
+                    rec = migrate(
+                        lab, Plan(workload=name, target=target, mode=mode, transport=transport, compression=compression)
+                    )
+                rows.append(_row(label, heap, rec))
+                (out_dir / "rows.json").write_text(json.dumps(rows, indent=2))
+        manage.stop(lab, name)
+    tab = table(rows)
+    summary = {"created": time.time(), "heaps": heaps, "runs": runs, "rows": rows, "table": tab}
+    (out_dir / "bench.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "bench.md").write_text(markdown(tab))
+    return summary
+
+
+def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Medians per (heap, method), warm-ups left out."""
+    groups: dict[tuple[int, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        if not r["warmup"]:
+            groups.setdefault((r["heap_mb"], r["method"]), []).append(r)
+    out = []
+    for (heap, method), rs in groups.items():
+
+        def med(key: str, rs: list[dict[str, Any]] = rs) -> float | None:
+            vals = [r[key] for r in rs if r.get(key) is not None]
+            return round(statistics.median(vals), 3) if vals else None
+
+        phases: dict[str, float] = {}
+        for p in {p for r in rs for p in r["phase_s"]}:
+            phases[p] = round(statistics.median([r["phase_s"][p] for r in rs if p in r["phase_s"]]), 3)
+        out.append(
+            {
+                "heap_mb": heap,
+                "method": method,
+                "n": len(rs),
+                "blackout_s": med("blackout_s"),
+                "blackout_cutover_s": med("blackout_cutover_s"),
+                "drift_counter": med("drift_counter"),
+                "criu_frozen_s": med("criu_frozen_s"),
+                "phase_s": phases,
+                "state": rs[0]["state"],
+            }
+        )
+    return out
+
+
+def markdown(tab: list[dict[str, Any]]) -> str:
+    cols = ["checkpoint", "page-server", "push", "pull", "transfer", "stop", "start", "restore", "cutover"]
+    lines = [
+        "| heap MB | method | n | blackout s | at cutover s | drift (ticks) | CRIU frozen s | "
+        + " | ".join(cols)
+        + " | state |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(cols) + "---|",
+    ]
+    for r in tab:
+        cells = [str(r["phase_s"].get(c, "")) for c in cols]
+        lines.append(
+            f"| {r['heap_mb']} | {r['method']} | {r['n']} | {r['blackout_s']} | "
+            f"{r['blackout_cutover_s'] if r['blackout_cutover_s'] is not None else ''} | "
+            f"{r['drift_counter'] if r['drift_counter'] is not None else ''} | "
+            f"{r['criu_frozen_s'] if r['criu_frozen_s'] is not None else ''} | "
+            + " | ".join(cells)
+            + f" | {r['state']} |"
+        )
+    return "\n".join(lines) + "\n"
