@@ -125,7 +125,8 @@ def run(
         with contextlib.suppress(UsageError):
             manage.stop(lab, name)
         report(f"{heap} MB: starting the workload and warming up both nodes")
-        manage.start(lab, name, "node-a", heap)
+        # a static address: podman's create-image path keeps only those (the engine keeps any)
+        manage.start(lab, name, "node-a", heap, ip=f"10.89.1.{200 + heaps.index(heap)}")
         for target in ("node-b", "node-a"):
             rows.append(
                 _row(

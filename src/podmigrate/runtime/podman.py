@@ -251,6 +251,113 @@ class Podman:
             p = self._run(*args, what="restore from checkpoint archive")
         return {"started": t0, "ended": time.time(), "stats": _stats(p.stdout)}
 
+    # ------------------------------------------------------------------ post-copy (lazy pages)
+    def lazy_checkpoint(
+        self, name: str, archive: Path, address: str, port: int, *, tcp_established: bool = True
+    ) -> subprocess.Popen[str]:
+        """Start a lazy-pages dump: CRIU dumps everything but the memory, then serves the pages from
+        ``address:port`` until the target has them all (the returned process ends then).
+
+        Podman only exports its archive at the very end, so the few MB the target needs now
+        (config.dump, spec.dump, the CRIU images without pages, the root file system's changes) are
+        packed into ``archive`` here from the container's own directory, the way podman would."""
+        static = Path(self._run("inspect", "-f", "{{.StaticDir}}", name).stdout.strip())
+        upper = Path(self._run("inspect", "-f", "{{.GraphDriver.Data.UpperDir}}", name).stdout.strip())
+        args = [
+            "podman",
+            "container",
+            "checkpoint",
+            "--export",
+            str(archive) + ".full",
+            "--compress",
+            "none",
+            "--keep",
+            name,
+        ]
+        if tcp_established:
+            args.insert(3, "--tcp-established")
+        with self.criu_options("lazy-pages", f"address={address}", f"port={port}"):
+            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 600
+            while not _listening(port):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    out, errs = proc.communicate(timeout=10) if proc.poll() is not None else ("", "timed out")
+                    raise RuntimeBackendError(
+                        f"lazy checkpoint of {name} on {self.node} did not start serving pages: "
+                        f"{(errs or out).strip().splitlines()[-1:] or proc.returncode}",
+                        details={"stderr": (errs or "")[-3000:], "criu_log": _criu_log_tail(errs or "")},
+                    )
+                time.sleep(0.005)
+        _rootfs_diff(upper, static)
+        members = [
+            m
+            for m in ("config.dump", "spec.dump", "checkpoint", "rootfs-diff.tar", "deleted.files")
+            if (static / m).exists()
+        ]
+        p = subprocess.run(["tar", "-C", str(static), "-cf", str(archive), *members], capture_output=True, text=True)
+        if p.returncode:
+            proc.kill()
+            raise RuntimeBackendError(f"packing the lazy checkpoint of {name} failed: {p.stderr.strip()}")
+        os.chmod(archive, 0o600)
+        return proc
+
+    def lazy_restore(
+        self, archive: Path, images: Path, work: Path, address: str, port: int, *, tcp_established: bool = True
+    ) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:
+        """Restore with the memory left behind: a ``criu lazy-pages`` daemon fetches pages from the
+        source as the process touches them (userfaultfd), and the rest in the background."""
+        images.mkdir(mode=0o700, exist_ok=True)
+        work.mkdir(mode=0o700, exist_ok=True)
+        p = subprocess.run(
+            ["tar", "-C", str(images), "-xf", str(archive), "--strip-components=1", "checkpoint"],
+            capture_output=True,
+            text=True,
+        )
+        if p.returncode:
+            raise RuntimeBackendError(f"unpacking the lazy checkpoint failed: {p.stderr.strip()}")
+        daemon = subprocess.Popen(
+            [
+                "criu",
+                "lazy-pages",
+                "--page-server",
+                "--address",
+                address,
+                "--port",
+                str(port),
+                "-D",
+                str(images),
+                "-W",
+                str(work),
+                "-o",
+                "lazy-pages.log",
+                "-v2",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while not (work / "lazy-pages.socket").exists():
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                daemon.kill()
+                raise RuntimeBackendError(
+                    f"criu lazy-pages did not start on {self.node}",
+                    details={"log": _file_tail(work / "lazy-pages.log")},
+                )
+            time.sleep(0.005)
+        # no --print-stats: with a work-dir override podman fails after CRIU restored the process
+        args = ["container", "restore", "--import", str(archive)]
+        if tcp_established:
+            args.append("--tcp-established")
+        t0 = time.time()
+        try:
+            with self.criu_options("lazy-pages", f"work-dir={work}"):
+                self._run(*args, what="lazy restore")
+        except Exception:
+            daemon.kill()
+            raise
+        return {"started": t0, "ended": time.time(), "stats": {}}, daemon
+
     def resume(self, name: str) -> dict[str, Any]:
         """Wake a container that a dump left stopped (CRIU ``leave-stopped``): SIGCONT every task in
         its PID namespace and drop the network lock CRIU left in its network namespace."""
@@ -298,6 +405,50 @@ class Podman:
             return False
         self._run("pull", "-q", image, what=f"pulling image {image}")
         return True
+
+
+_PODMAN_FILES = {"etc/mtab", "run/.containerenv", "etc/hosts", "etc/hostname", "etc/resolv.conf"}
+
+
+def _rootfs_diff(upper: Path, bundle: Path) -> None:
+    """Write rootfs-diff.tar and deleted.files into ``bundle`` from the overlay upper directory, as
+    podman's export does: changed files as a tar, whiteouts (0:0 character devices) as a list."""
+    import stat as st
+    import tarfile
+
+    added, deleted = [], []
+    for root, dirs, files in os.walk(upper):
+        for f in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            path = os.path.join(root, f)
+            rel = os.path.relpath(path, upper)
+            if rel in _PODMAN_FILES:
+                continue
+            info = os.lstat(path)
+            if st.S_ISCHR(info.st_mode) and info.st_rdev == 0:
+                deleted.append("/" + rel)
+            else:
+                added.append(rel)
+    for f in ("rootfs-diff.tar", "deleted.files"):
+        (bundle / f).unlink(missing_ok=True)
+    if added:
+        with tarfile.open(bundle / "rootfs-diff.tar", "w") as t:
+            for rel in added:
+                t.add(os.path.join(upper, rel), arcname=rel, recursive=False)
+    if deleted:
+        (bundle / "deleted.files").write_text(json.dumps(deleted))
+
+
+def _listening(port: int) -> bool:
+    suffix = f":{port:04X}"
+    with open("/proc/net/tcp") as f:
+        return any(x.split()[1].endswith(suffix) and x.split()[3] == "0A" for x in f.readlines()[1:])
+
+
+def _file_tail(path: Path, lines: int = 20) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
 
 
 def _stats(stdout: str) -> dict[str, Any]:

@@ -107,7 +107,14 @@ def set_route(lab: Lab, ip: str, node: str) -> dict[str, Any]:
 
 
 def start(
-    lab: Lab, name: str, node: str, heap_mb: int, sidecar: bool = False, seed: int = 1234, wait: float = 300.0
+    lab: Lab,
+    name: str,
+    node: str,
+    heap_mb: int,
+    sidecar: bool = False,
+    seed: int = 1234,
+    wait: float = 300.0,
+    ip: str | None = None,
 ) -> dict[str, Any]:
     if heap_mb <= 0:
         raise UsageError(f"heap size must be a positive number of MB, not {heap_mb}", hint="for example --heap-mb 256")
@@ -157,10 +164,18 @@ def start(
                 },
             )
         else:
-            info = agent.post(
-                "/v1/containers",
-                {"name": name, "image": image, "env": env, "labels": labels, "network": layout.WORKLOAD_NETWORK},
-            )
+            spec: dict[str, Any] = {
+                "name": name,
+                "image": image,
+                "env": env,
+                "labels": labels,
+                "network": layout.WORKLOAD_NETWORK,
+            }
+            if ip:
+                if not layout.in_workload_subnet(ip):
+                    raise UsageError(f"{ip} is not in the workload subnet {layout.WORKLOAD_SUBNET}")
+                spec["ip"] = ip
+            info = agent.post("/v1/containers", spec)
     finally:
         agent.close()
     ip = info["ips"][0]
