@@ -123,3 +123,15 @@ def test_a_target_agent_killed_before_restore_rolls_back_once_it_is_back(lab, wo
     finally:
         hold.unlink(missing_ok=True)
         wait_for(lambda: (lab.dir / "agents" / "node-b.sock").exists(), 30, "node-b agent back")
+
+
+def test_a_failed_lazy_restore_makes_the_source_give_up_its_dump_and_serve_again(lab, workload):
+    st = workload(heap_mb=16)
+
+    def break_archive() -> None:
+        files = [f for f in lab.agent("node-b").get("/v1/checkpoints") if f["file"].endswith(".tar")]
+        (lab.dir / "nodes" / "node-b" / "checkpoints" / files[0]["file"]).write_bytes(b"not a checkpoint")
+
+    rec = fails_and_rolls_back(lab, st, "restore", after("transfer", break_archive), mode="lazy")
+    undone = {r["phase"]: r for r in rec["rollbacks"]}
+    assert "gave up" in undone["checkpoint"]["did"]

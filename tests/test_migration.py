@@ -254,7 +254,14 @@ def test_a_sidecar_pod_serves_through_its_sidecar_and_refuses_single_container_m
 
 
 @pytest.mark.parametrize(
-    ("mode", "transport"), [("stop-copy", "stream"), ("decoupled", "registry"), ("decoupled", "stream")]
+    ("mode", "transport"),
+    [
+        ("stop-copy", "stream"),
+        ("stop-copy", "archive"),
+        ("decoupled", "registry"),
+        ("decoupled", "stream"),
+        ("lazy", "stream"),
+    ],
 )
 def test_each_mode_and_transport_goes_there_and_back_with_the_heap_intact(lab, workload, mode, transport):
     st = workload(heap_mb=32)
@@ -265,9 +272,12 @@ def test_each_mode_and_transport_goes_there_and_back_with_the_heap_intact(lab, w
         assert rec["state_after"]["sha256"] == st["sha256"]
         assert rec["checks"]["same_process_start"]
         assert rec["drift"]["counter"] >= 0
-        if transport == "stream":
+        if transport in ("stream", "archive"):
             assert "transfer" in rec["phase_s"] and "push" not in rec["phase_s"]
             assert rec["bytes"]["sent"] == rec["bytes"]["archive"]
+        if mode == "lazy":  # the source was released only after every page had moved
+            assert rec["lazy"]["source_rc"] == 0 and rec["lazy"]["daemon_rc"] == 0
+            assert rec["bytes"]["archive"] < 8 << 20  # no memory pages in what was sent up front
         if mode == "decoupled":
             # make-before-break: the copy was up before the switch, so nothing failed at the cutover
             assert rec["blackout"]["at_cutover"]["failed"] == 0

@@ -224,9 +224,10 @@ def render_state(st: dict[str, Any]) -> None:
     "--mode",
     default="stop-copy",
     show_default=True,
-    type=click.Choice(["stop-copy", "decoupled", "cold"]),
+    type=click.Choice(["stop-copy", "decoupled", "lazy", "cold"]),
     help="stop-copy: freeze, move, restore (no drift); decoupled: the source serves until its copy is up "
-    "(drift); cold: a fresh start from the image (state lost: the baseline).",
+    "(drift); lazy: post-copy, the copy runs at once and pulls its memory on demand; cold: a fresh start from "
+    "the image (state lost: the baseline).",
 )
 @click.option(
     "--transport",

@@ -307,6 +307,80 @@ def node_app(app: App) -> None:
             time.sleep(0.01)
         return {"address": layout.node_ip(app.name), "port": port}
 
+    # post-copy: the source's lazy dump (serving pages) and the target's lazy-pages daemon run on
+    # after their requests returned; they are tracked here by checkpoint id
+    jobs: dict[str, subprocess.Popen[Any]] = {}
+    lazy_ports: dict[str, int] = {}
+
+    def free_port() -> int:
+        with socket.socket() as sk:
+            sk.bind((layout.node_ip(app.name), 0))
+            return int(sk.getsockname()[1])
+
+    @app.route("POST", "/v1/containers/(?P<name>[^/]+)/checkpoint-lazy")
+    def checkpoint_lazy(p: dict[str, str], b: dict[str, Any]) -> Any:
+        cid = b["checkpoint_id"]
+        port = free_port()
+        t0 = time.time()
+        with busy(cid):
+            jobs[f"src-{cid}"] = rt.lazy_checkpoint(
+                p["name"], archive(cid), layout.node_ip(app.name), port, tcp_established=b.get("tcp_established", True)
+            )
+        lazy_ports[cid] = port
+        return {
+            "address": layout.node_ip(app.name),
+            "port": port,
+            "started": t0,
+            "ended": time.time(),
+            "archive_bytes": archive(cid).stat().st_size,
+            "stats": {},
+        }
+
+    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/restore-lazy")
+    def restore_lazy(p: dict[str, str], b: dict[str, Any]) -> Any:
+        cid = p["cid"]
+        if b.get("image"):
+            rt.ensure_image(b["image"])
+        with busy(cid):
+            res, daemon = rt.lazy_restore(
+                archive(cid),
+                pages_dir(cid),
+                ckdir / f"{_safe_id(cid)}.work",
+                b["address"],
+                int(b["port"]),
+                tcp_established=b.get("tcp_established", True),
+            )
+        jobs[f"dst-{cid}"] = daemon
+        return res
+
+    @app.route("GET", "/v1/checkpoints/(?P<cid>[^/]+)/lazy")
+    def lazy_status(p: dict[str, str], b: dict[str, Any]) -> Any:
+        out: dict[str, Any] = {}
+        for role in ("src", "dst"):
+            job = jobs.get(f"{role}-{p['cid']}")
+            if job is not None:
+                out[role] = {"running": job.poll() is None, "rc": job.returncode}
+        return out
+
+    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/abort-lazy")
+    def abort_lazy(p: dict[str, str], b: dict[str, Any]) -> Any:
+        """Make a lazy dump that no target is pulling from give up: CRIU's page server gets a request
+        it does not know, fails, and then thaws the tasks and unlocks the network (its error path)."""
+        job = jobs.get(f"src-{p['cid']}")
+        if job is None or job.poll() is not None:
+            return {"aborted": False, "rc": None if job is None else job.returncode}
+        try:
+            with socket.create_connection((layout.node_ip(app.name), lazy_ports[p["cid"]]), timeout=5) as sk:
+                sk.sendall(b"\xff" * 64)
+        except OSError:
+            pass
+        try:
+            job.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            job.wait()
+        return {"aborted": True, "rc": job.returncode}
+
     @app.route("POST", "/v1/containers/(?P<name>[^/]+)/resume")
     def resume(p: dict[str, str], b: dict[str, Any]) -> Any:
         return rt.resume(p["name"])
@@ -339,8 +413,14 @@ def node_app(app: App) -> None:
         if ps is not None and ps.poll() is None:
             ps.kill()
             ps.wait()
+        daemon = jobs.pop(f"dst-{p['cid']}", None)
+        if daemon is not None and daemon.poll() is None:
+            daemon.kill()
+            daemon.wait()
         with busy(p["cid"]):
             shutil.rmtree(pages_dir(p["cid"]), ignore_errors=True)
+            shutil.rmtree(ckdir / f"{_safe_id(p['cid'])}.work", ignore_errors=True)
+            (ckdir / f"{_safe_id(p['cid'])}.tar.full").unlink(missing_ok=True)
             existed = a.exists()
             for f in (a, a.with_name(a.name + ".part"), a.with_name(a.name + ".part.sha256")):
                 f.unlink(missing_ok=True)

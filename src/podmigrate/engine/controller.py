@@ -37,7 +37,7 @@ from podmigrate.lab.cluster import Lab
 from podmigrate.workload import manage
 
 Report = Callable[[str], None]
-MODES = ("stop-copy", "decoupled", "cold")
+MODES = ("stop-copy", "decoupled", "lazy", "cold")
 # archive: podman's own --export / --import path with an agent-to-agent copy (a baseline)
 TRANSPORTS = ("registry", "stream", "archive")
 
@@ -247,6 +247,60 @@ def page_server(ctx: Ctx) -> None:
     rec["leave_stopped"] = rec["mode"] == "stop-copy"
 
 
+def lazy_checkpoint(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["source"]).post(
+        f"/v1/containers/{rec['container']}/checkpoint-lazy",
+        {"checkpoint_id": rec["id"], "tcp_established": rec["plan"]["tcp_established"]},
+    )
+    rec["freeze_started"] = res["started"]
+    rec["checkpoint_at"] = res["ended"]
+    rec["lazy"] = {"address": res["address"], "port": res["port"]}
+    rec.setdefault("criu", {})["dump"] = res["stats"]
+    rec.setdefault("bytes", {})["archive"] = res["archive_bytes"]
+
+
+def undo_lazy_checkpoint(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> str:
+    src = agent(rec["source"])
+    res = src.post(f"/v1/checkpoints/{rec['id']}/abort-lazy")
+    src.delete(f"/v1/checkpoints/{rec['id']}")
+    c = {x["name"]: x for x in src.get("/v1/containers")}.get(rec["container"])
+    if not c or c["state"] != "running":
+        raise PodmigrateError(
+            f"after aborting the lazy dump, {rec['container']} on {rec['source']} is {c['state'] if c else 'gone'}"
+        )
+    # CRIU thaws the tasks on that error path but leaves its network lock in place
+    woke = src.post(f"/v1/containers/{rec['container']}/resume")
+    return (
+        f"the lazy dump gave up (exit {res.get('rc')}); {rec['container']} runs on {rec['source']}, "
+        f"unlocked {woke['unlocked']}"
+    )
+
+
+def lazy_restore(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["target"]).post(
+        f"/v1/checkpoints/{rec['id']}/restore-lazy",
+        {**rec["lazy"], "image": rec["image"], "tcp_established": rec["plan"]["tcp_established"]},
+    )
+    rec["criu"]["restore"] = res["stats"]
+    rec["restored_at"] = res["ended"]
+
+
+def lazy_pages(ctx: Ctx) -> None:
+    """Wait until every page has moved: the target's lazy-pages daemon and the source's dump end."""
+    rec = ctx.rec
+    deadline = time.monotonic() + 1800
+    while time.monotonic() < deadline:
+        src = ctx.agent(rec["source"]).get(f"/v1/checkpoints/{rec['id']}/lazy").get("src", {})
+        dst = ctx.agent(rec["target"]).get(f"/v1/checkpoints/{rec['id']}/lazy").get("dst", {})
+        if not src.get("running") and not dst.get("running"):
+            rec["lazy"].update(source_rc=src.get("rc"), daemon_rc=dst.get("rc"), all_pages_at=time.time())
+            return
+        time.sleep(0.1)
+    raise PodmigrateError("the lazy page transfer did not finish within 30 minutes")
+
+
 def stop(ctx: Ctx) -> None:
     rec = ctx.rec
     res = ctx.agent(rec["source"]).post(f"/v1/containers/{rec['container']}/stop", {"timeout": 2})
@@ -291,6 +345,8 @@ def undo_restore(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> 
     if any(c["name"] == rec["container"] for c in tgt.get("/v1/containers")):
         tgt.delete(f"/v1/containers/{rec['container']}")
         return f"removed {rec['container']} from {rec['target']}"
+    if rec.get("container_id"):  # a failed restore may have left storage under the container's ID
+        tgt.delete(f"/v1/containers/{rec['container_id']}")
     return "nothing restored on the target"
 
 
@@ -381,7 +437,7 @@ def finish_probe(ctx: Ctx) -> None:
             (c["max_before"] - c["min_after"]) if c["max_before"] is not None and c["min_after"] is not None else None
         )
         rec["drift"] = {"counter": lost, "since_checkpoint_s": round(cut - rec["checkpoint_at"], 4)}
-    elif rec["mode"] == "stop-copy":
+    elif rec["mode"] in ("stop-copy", "lazy"):  # the copy resumes exactly where the source froze
         rec["drift"] = {"counter": 0, "since_checkpoint_s": 0.0}
 
 
@@ -443,7 +499,19 @@ POINT_OF_NO_RETURN = "cleanup"
 PROBE_FROM = ("checkpoint", "stop")
 
 
+# Post-copy: once the copy runs on the target, the source only serves pages and dies when they have
+# all moved; from then on the target holds the only complete copy, so restore and cutover are not
+# undone (a failure after them is finished forward, never rolled back onto a dying source).
+LAZY_CHECKPOINT = Phase("checkpoint", lazy_checkpoint, undo_lazy_checkpoint)
+# undone only when the restore itself failed (afterwards failures finish forward, see _run)
+LAZY_RESTORE = Phase("restore", lazy_restore, undo_restore)
+LAZY_CUTOVER = Phase("cutover", cutover)
+LAZY_PAGES = Phase("pages", lazy_pages)
+
+
 def phases_for(mode: str, transport: str) -> list[Phase]:
+    if mode == "lazy":
+        return [VALIDATE, LAZY_CHECKPOINT, TRANSFER, LAZY_RESTORE, LAZY_CUTOVER, VERIFY, LAZY_PAGES, CLEANUP]
     if mode == "cold":
         return [VALIDATE, STOP, START, CUTOVER, VERIFY, CLEANUP]
     if transport == "registry":
@@ -465,7 +533,7 @@ def new_record(plan: Plan) -> Record:
         "source": None,
         "target": plan.target,
         "mode": plan.mode,
-        "transport": "none" if plan.mode == "cold" else plan.transport,
+        "transport": {"cold": "none", "lazy": "stream"}.get(plan.mode, plan.transport),
         "status": "running",
         "phase": None,
         "phases": [],
@@ -534,7 +602,11 @@ def _run(ctx: Ctx) -> Record:
         if rec["phase"] == "validate":
             raise
         _stop_probe_quietly(ctx)
-        rollback(ctx.lab, rec, ctx.agent, ctx.report)
+        if rec["mode"] == "lazy" and any(p["name"] == "restore" and p["ok"] for p in rec["phases"]):
+            rec["status"] = "failed"  # nothing to roll back to: the source only lives until its pages moved
+            rec["hint"] = "the copy on the target is the only one; check it, then run `podmigrate gc`"
+        else:
+            rollback(ctx.lab, rec, ctx.agent, ctx.report)
         ctx.save()
         where = rec.get("source") or "its node"
         raise MigrationFailed(
@@ -568,8 +640,9 @@ def rollback(lab: Lab, rec: Record, agent: Callable[[str], AgentClient], report:
     placement is uncertain, and the status becomes ``failed``.
     """
     failures = 0
+    by_name = {p.name: p for p in phases_for(rec["mode"], rec["transport"])}
     for entry in reversed(rec["phases"]):
-        phase = PHASES[entry["name"]]
+        phase = by_name[entry["name"]]
         if phase.undo is None:
             continue
         try:
@@ -613,7 +686,11 @@ def recover(lab: Lab, store: Store, report: Report = lambda _m: None) -> list[Re
         report(f"recovering migration {rec['id']} left in phase {rec['phase']} by a dead controller")
         ctx = Ctx(lab, store, rec, report)
         try:
-            if rec["phase"] == POINT_OF_NO_RETURN:
+            restored = any(p["name"] == "restore" and p["ok"] for p in rec["phases"])
+            if rec["phase"] == POINT_OF_NO_RETURN or (rec["mode"] == "lazy" and restored):
+                if rec["mode"] == "lazy":  # the target holds the only complete copy: finish forward
+                    cutover(ctx)
+                    lazy_pages(ctx)
                 cleanup(ctx)
                 rec["status"] = "completed"
             else:

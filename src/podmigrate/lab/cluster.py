@@ -30,6 +30,7 @@ from podmigrate.lab import preflight
 from podmigrate.lab.image import NodeImage
 
 Report = Callable[[str], None]
+LAZY_PIPE_MAX = 4194304
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,19}$")
 
 # Stage 1 runs on the host's tools inside a fresh private mount namespace: bind the node image and
@@ -238,6 +239,12 @@ class Lab:
     def _start(self, names: list[str], report: Report) -> None:
         report(f"starting lab {self.name!r} with nodes {', '.join(names)}")
         self.dir.mkdir(parents=True, exist_ok=True)
+        # CRIU's lazy-pages daemon needs 4 MiB pipes and has no CAP_SYS_RESOURCE here; the old value is
+        # kept and put back by `lab down` (pipe-max-size is one value for the whole machine)
+        pipe_max = Path("/proc/sys/fs/pipe-max-size")
+        if int(pipe_max.read_text()) < LAZY_PIPE_MAX:
+            (self.dir / "pipe-max-size.orig").write_text(pipe_max.read_text())
+            pipe_max.write_text(str(LAZY_PIPE_MAX))
         os.chmod(self.dir, 0o700)  # checkpoints and the token live below
         self.cache.mkdir(parents=True, exist_ok=True)
         for d in ("pids", "agents", "logs", "hold", "registry", "nodes"):
@@ -346,6 +353,11 @@ class Lab:
             for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
                 _rmdir(d)
             _rmdir(cg)
+        orig = self.dir / "pipe-max-size.orig"
+        if orig.exists() and not any(
+            Lab(d.name).is_up() for d in (self.base / "labs").iterdir() if d.name != self.name and _NAME.match(d.name)
+        ):
+            Path("/proc/sys/fs/pipe-max-size").write_text(orig.read_text())
         if self.dir.exists():
             report(f"removing {self.dir}")
             shutil.rmtree(self.dir)

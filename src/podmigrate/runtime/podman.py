@@ -208,8 +208,10 @@ class Podman:
     def remove(self, name: str) -> None:
         if subprocess.run(["podman", "pod", "exists", name]).returncode == 0:
             self._run("pod", "rm", "-f", "-t", "0", name, missing_ok=True)
-        else:
+        elif subprocess.run(["podman", "container", "exists", name]).returncode == 0:
             self._run("rm", "-f", "-t", "0", name, missing_ok=True)
+        else:  # a restore that failed half-way can leave storage behind under the container's ID
+            subprocess.run(["podman", "rm", "--storage", name], capture_output=True)
 
     def checkpoint(
         self,
@@ -263,6 +265,7 @@ class Podman:
         packed into ``archive`` here from the container's own directory, the way podman would."""
         static = Path(self._run("inspect", "-f", "{{.StaticDir}}", name).stdout.strip())
         upper = Path(self._run("inspect", "-f", "{{.GraphDriver.Data.UpperDir}}", name).stdout.strip())
+        netstatus = self._network_status(name)  # now: the checkpoint holds the container's lock till the end
         args = [
             "podman",
             "container",
@@ -289,9 +292,25 @@ class Podman:
                     )
                 time.sleep(0.005)
         _rootfs_diff(upper, static)
+        # what podman's export adds from its database and tmpfs: the addresses (so the copy keeps
+        # them) and the contents of /dev/shm
+        (static / "network.status").write_text(json.dumps(netstatus))
+        if (static / "shm").is_dir():
+            subprocess.run(
+                ["tar", "-C", str(static / "shm"), "-cf", str(static / "devshm-checkpoint.tar"), "."],
+                capture_output=True,
+            )
         members = [
             m
-            for m in ("config.dump", "spec.dump", "checkpoint", "rootfs-diff.tar", "deleted.files")
+            for m in (
+                "config.dump",
+                "spec.dump",
+                "network.status",
+                "checkpoint",
+                "rootfs-diff.tar",
+                "deleted.files",
+                "devshm-checkpoint.tar",
+            )
             if (static / m).exists()
         ]
         p = subprocess.run(["tar", "-C", str(static), "-cf", str(archive), *members], capture_output=True, text=True)
@@ -300,6 +319,22 @@ class Podman:
             raise RuntimeBackendError(f"packing the lazy checkpoint of {name} failed: {p.stderr.strip()}")
         os.chmod(archive, 0o600)
         return proc
+
+    def _network_status(self, name: str) -> dict[str, Any]:
+        """The network.status podman writes into an export (netavark's status block), from inspect."""
+        nets = json.loads(self._run("inspect", "-f", "{{json .NetworkSettings.Networks}}", name).stdout or "{}")
+        return {
+            net: {
+                "interfaces": {
+                    "eth0": {
+                        "subnets": [{"ipnet": f"{n['IPAddress']}/{n['IPPrefixLen']}", "gateway": n["Gateway"]}],
+                        "mac_address": n["MacAddress"],
+                    }
+                }
+            }
+            for net, n in nets.items()
+            if n.get("IPAddress")
+        }
 
     def lazy_restore(
         self, archive: Path, images: Path, work: Path, address: str, port: int, *, tcp_established: bool = True
@@ -380,12 +415,11 @@ class Podman:
         for tool in ("iptables", "ip6tables"):
             netns = ["nsenter", "-t", str(pid), "-n", tool]
             if subprocess.run([*netns, "-L", "CRIU", "-n"], capture_output=True).returncode == 0:
-                for args in (
-                    ["-D", "INPUT", "-j", "CRIU"],
-                    ["-D", "OUTPUT", "-j", "CRIU"],
-                    ["-F", "CRIU"],
-                    ["-X", "CRIU"],
-                ):
+                for chain in ("INPUT", "OUTPUT"):  # one jump per interrupted dump: remove them all
+                    for _ in range(16):
+                        if subprocess.run([*netns, "-D", chain, "-j", "CRIU"], capture_output=True).returncode:
+                            break
+                for args in (["-F", "CRIU"], ["-X", "CRIU"]):
                     subprocess.run([*netns, *args], capture_output=True)
                 unlocked.append(f"{tool}:CRIU")
         tables = subprocess.run(
