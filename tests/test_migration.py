@@ -242,15 +242,31 @@ def test_exec_on_an_unknown_node_or_a_failing_command_says_so(lab):
     assert lab.run("node-b", ["hostname", "-I"]).stdout.split()[0] == layout.node_ip("node-b")
 
 
-def test_a_sidecar_pod_serves_through_its_sidecar_and_refuses_single_container_migration(lab, workload):
+def test_a_pod_moves_whole_and_the_loopback_connection_through_its_sidecar_survives(lab, workload):
     st = workload(heap_mb=16, sidecar=True)
     pod = st["name"].removesuffix("-server")
     # the server listens on 127.0.0.1:8090 only: an answer at the pod's address went through the sidecar
-    again = manage.state(lab, pod)
-    assert again["sha256"] == st["sha256"] and again["ip"] == st["ip"]
-    with pytest.raises(UsageError, match="belongs to a pod"):
-        migrate(lab, Plan(workload=pod, target="node-b"))
-    assert manage.state(lab, pod)["node"] == "node-a"
+    assert manage.state(lab, pod)["sha256"] == st["sha256"]
+    with pytest.raises(UsageError, match="pods move with --mode stop-copy only"):
+        migrate(lab, Plan(workload=pod, target="node-b", mode="decoupled"))
+    lan = lab.agent("lan")
+    conn = lan.post("/v1/connections", {"host": st["ip"], "port": 8000, "interval": 0.05})
+    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
+    rec = migrate(lab, Plan(workload=pod, target="node-b"))
+    assert rec["scope"] == "pod" and rec["pod"]["members"] == [f"{pod}-server", f"{pod}-sidecar"]
+    assert rec["checks"] == {"sha256_equal": True, "counter_not_backwards": True, "same_process_start": True}
+    after = manage.state(lab, pod)
+    assert after["node"] == "node-b" and after["ip"] == st["ip"]
+    before = lan.get(f"/v1/connections/{conn['id']}")["requests"]
+    wait_for(
+        lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= before + 10,
+        60,
+        "requests through the sidecar over the same connection after the migration",
+    )
+    final = lan.delete(f"/v1/connections/{conn['id']}")
+    assert final["error"] is None and final["same_connection"] and not final["counter_went_backwards"], final
+    for node, ctrs in manage.inventory(lab).items():  # nothing of the pod left on the source
+        assert node == "node-b" or not [c for c in ctrs if c["name"].startswith(pod)]
 
 
 @pytest.mark.parametrize(

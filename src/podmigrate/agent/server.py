@@ -192,6 +192,50 @@ def node_app(app: App) -> None:
         rt.create_pod(b["name"], b.get("network", layout.WORKLOAD_NETWORK))
         return {"name": b["name"]}
 
+    def member_archives(cid: str, members: list[str]) -> dict[str, Path]:
+        return {m: archive(f"{cid}.{_safe_id(m)}") for m in members}
+
+    @app.route("GET", "/v1/pods/(?P<pod>[^/]+)")
+    def pod_info(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return rt.pod_info(p["pod"])
+
+    @app.route("POST", "/v1/pods/(?P<pod>[^/]+)/checkpoint")
+    def pod_checkpoint(p: dict[str, str], b: dict[str, Any]) -> Any:
+        with busy(b["checkpoint_id"]):
+            return rt.checkpoint_pod(
+                p["pod"],
+                member_archives(b["checkpoint_id"], b["members"]),
+                tcp_established=b.get("tcp_established", True),
+            )
+
+    @app.route("POST", "/v1/pods/(?P<pod>[^/]+)/restore-in-place")
+    def pod_restore_in_place(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return rt.restore_pod_in_place(p["pod"], b["members"], tcp_established=b.get("tcp_established", True))
+
+    @app.route("POST", "/v1/pods/(?P<pod>[^/]+)/restore")
+    def pod_restore(p: dict[str, str], b: dict[str, Any]) -> Any:
+        if b.get("image"):
+            rt.ensure_image(b["image"])
+        with busy(b["checkpoint_id"]):
+            return rt.restore_pod(
+                p["pod"],
+                b.get("network", layout.WORKLOAD_NETWORK),
+                b["ip"],
+                member_archives(b["checkpoint_id"], b["members"]),
+                mac=b.get("mac"),
+                tcp_established=b.get("tcp_established", True),
+            )
+
+    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/send-pod")
+    def send_pod(p: dict[str, str], b: dict[str, Any]) -> Any:
+        total = 0
+        for _m, a in member_archives(p["cid"], b["members"]).items():
+            with busy(p["cid"]):
+                total += stream.send(
+                    a, layout.node_ip(b["node"]), layout.AGENT_PORT, a.name[: -len(".tar")], app.token
+                )["bytes"]
+        return {"bytes": total}
+
     @app.route("DELETE", "/v1/containers/(?P<name>[^/]+)")
     def remove(p: dict[str, str], b: dict[str, Any]) -> Any:
         rt.remove(p["name"])
@@ -422,7 +466,12 @@ def node_app(app: App) -> None:
             shutil.rmtree(ckdir / f"{_safe_id(p['cid'])}.work", ignore_errors=True)
             (ckdir / f"{_safe_id(p['cid'])}.tar.full").unlink(missing_ok=True)
             existed = a.exists()
-            for f in (a, a.with_name(a.name + ".part"), a.with_name(a.name + ".part.sha256")):
+            for f in (
+                a,
+                a.with_name(a.name + ".part"),
+                a.with_name(a.name + ".part.sha256"),
+                *ckdir.glob(f"{_safe_id(p['cid'])}.*.tar*"),
+            ):
                 f.unlink(missing_ok=True)
         return {"deleted": existed}
 

@@ -96,12 +96,20 @@ def validate(ctx: Ctx) -> None:
     loc = manage.locate(lab, rec["workload"])
     c = loc.container
     if c["pod"]:
-        raise UsageError(
-            f"container {c['name']!r} belongs to a pod (with a sidecar); moving whole pods is "
-            "not supported yet, and checkpointing one container would sever its loopback "
-            "connections to the others",
-            hint="migrate a stand-alone container",
-        )
+        if rec["mode"] != "stop-copy":
+            raise UsageError(
+                f"container {c['name']!r} belongs to a pod; pods move with --mode stop-copy only",
+                hint="checkpointing one container of a pod alone would sever its loopback connections",
+            )
+        pod = ctx.agent(loc.node).get(f"/v1/pods/{c['pod']}")
+        rec["scope"] = "pod"
+        rec["pod"] = pod
+        rec["transport"] = "archive"  # each member's export, agent to agent
+        if any(x["name"] in pod["members"] for x in ctx.agent(rec["target"]).get("/v1/containers")):
+            raise UsageError(
+                f"pod {pod['name']!r} has containers on {rec['target']} already",
+                hint="remove them first, or run `podmigrate gc`",
+            )
     if rec["target"] == loc.node:
         raise UsageError(
             f"{rec['workload']!r} already runs on {loc.node}",
@@ -115,7 +123,7 @@ def validate(ctx: Ctx) -> None:
         )
     rec.update(
         source=loc.node,
-        container=c["name"],
+        container=rec["pod"]["name"] if rec.get("scope") == "pod" else c["name"],
         container_id=c["id"],
         image=c["image"],
         service_addresses=[ip for ip in c["ips"]],
@@ -239,6 +247,54 @@ def transfer(ctx: Ctx) -> None:
     res = ctx.agent(rec["source"]).post(f"/v1/checkpoints/{rec['id']}/send", {"node": rec["target"]})
     rec["bytes"]["sent"] = res["bytes"]
     rec["stream"] = {"sha256": res["sha256"], "seconds": round(res["ended"] - res["started"], 4)}
+
+
+def pod_checkpoint(ctx: Ctx) -> None:
+    rec = ctx.rec
+    pod = rec["pod"]
+    res = ctx.agent(rec["source"]).post(
+        f"/v1/pods/{pod['name']}/checkpoint",
+        {"checkpoint_id": rec["id"], "members": pod["members"], "tcp_established": rec["plan"]["tcp_established"]},
+    )
+    rec["freeze_started"] = res["started"]
+    rec["checkpoint_at"] = res["ended"]
+    rec.setdefault("criu", {})["dump"] = {m: r["stats"] for m, r in res["members"].items()}
+    rec.setdefault("bytes", {})["archive"] = sum(r["archive_bytes"] for r in res["members"].values())
+
+
+def undo_pod_checkpoint(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> str:
+    src = agent(rec["source"])
+    res = src.post(
+        f"/v1/pods/{rec['pod']['name']}/restore-in-place",
+        {"members": rec["pod"]["members"], "tcp_established": rec["plan"]["tcp_established"]},
+    )
+    src.delete(f"/v1/checkpoints/{rec['id']}")
+    return f"restored {', '.join(res['restored']) or 'nothing'} in place in pod {rec['pod']['name']} on {rec['source']}"
+
+
+def pod_transfer(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["source"]).post(
+        f"/v1/checkpoints/{rec['id']}/send-pod", {"node": rec["target"], "members": rec["pod"]["members"]}
+    )
+    rec["bytes"]["sent"] = res["bytes"]
+
+
+def pod_restore(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["target"]).post(
+        f"/v1/pods/{rec['pod']['name']}/restore",
+        {
+            "checkpoint_id": rec["id"],
+            "members": rec["pod"]["members"],
+            "mac": rec["pod"].get("mac"),
+            "ip": rec["service_addresses"][0],
+            "image": rec["image"],
+            "tcp_established": rec["plan"]["tcp_established"],
+        },
+    )
+    rec["criu"]["restore"] = res["members"]
+    rec["restored_at"] = res["ended"]
 
 
 def page_server(ctx: Ctx) -> None:
@@ -509,7 +565,16 @@ LAZY_CUTOVER = Phase("cutover", cutover)
 LAZY_PAGES = Phase("pages", lazy_pages)
 
 
-def phases_for(mode: str, transport: str) -> list[Phase]:
+# Whole pods: every member is dumped and restored under one lock of the pod's network namespace, so
+# their loopback connections (server <-> sidecar) survive; the pod comes back with its address.
+POD_CHECKPOINT = Phase("checkpoint", pod_checkpoint, undo_pod_checkpoint)
+POD_TRANSFER = Phase("transfer", pod_transfer, undo_pull, artifact=True)
+POD_RESTORE = Phase("restore", pod_restore, undo_restore)
+
+
+def phases_for(mode: str, transport: str, scope: str = "container") -> list[Phase]:
+    if scope == "pod":
+        return [VALIDATE, POD_CHECKPOINT, POD_TRANSFER, POD_RESTORE, CUTOVER, VERIFY, CLEANUP]
     if mode == "lazy":
         return [VALIDATE, LAZY_CHECKPOINT, TRANSFER, LAZY_RESTORE, LAZY_CUTOVER, VERIFY, LAZY_PAGES, CLEANUP]
     if mode == "cold":
@@ -578,7 +643,11 @@ def migrate(lab: Lab, plan: Plan, report: Report = lambda _m: None) -> Record:
 def _run(ctx: Ctx) -> Record:
     rec = ctx.rec
     try:
-        for phase in phases_for(rec["mode"], rec["transport"]):
+        phases = phases_for(rec["mode"], rec["transport"])
+        i = 0
+        while i < len(phases):
+            phase = phases[i]
+            i += 1
             name = phase.name
             rec["phase"] = name
             entry: dict[str, Any] = {"name": name, "started": time.time(), "ok": False}
@@ -593,6 +662,8 @@ def _run(ctx: Ctx) -> Record:
             entry["ok"] = True
             ctx.save()
             ctx.report(f"✓ {name:<10} {entry['ended'] - entry['started']:7.3f} s")
+            if name == "validate":  # what moves (a container or a whole pod) is known only now
+                phases = phases_for(rec["mode"], rec["transport"], rec.get("scope", "container"))
     except Exception as e:
         err = e if isinstance(e, PodmigrateError) else PodmigrateError(f"{type(e).__name__}: {e}")
         rec["error"] = err.to_wire()
@@ -640,7 +711,7 @@ def rollback(lab: Lab, rec: Record, agent: Callable[[str], AgentClient], report:
     placement is uncertain, and the status becomes ``failed``.
     """
     failures = 0
-    by_name = {p.name: p for p in phases_for(rec["mode"], rec["transport"])}
+    by_name = {p.name: p for p in phases_for(rec["mode"], rec["transport"], rec.get("scope", "container"))}
     for entry in reversed(rec["phases"]):
         phase = by_name[entry["name"]]
         if phase.undo is None:
