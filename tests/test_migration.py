@@ -338,3 +338,14 @@ def test_gc_finds_and_removes_leftovers_and_history_lists_migrations(lab, worklo
         __import__("podmigrate.cli").cli.main, ["history", "--json"], env={"PODMIGRATE_LAB": LAB_NAME}
     )
     assert res.exit_code == 0 and all(r["status"] in ("completed", "rolled_back") for r in json.loads(res.output))
+
+
+@pytest.mark.parametrize("compression", ["gzip", "zstd"])
+def test_a_compressed_checkpoint_image_restores_bit_exact(lab, workload, compression):
+    st = workload(heap_mb=16)
+    rec = migrate(lab, Plan(workload=st["name"], target="node-b", compression=compression))
+    assert rec["status"] == "completed" and rec["state_after"]["sha256"] == st["sha256"]
+    assert rec["plan"]["compression"] == compression
+    assert_clean(lab, st["name"])
+    with pytest.raises(UsageError, match="registry transport only"):
+        migrate(lab, Plan(workload=st["name"], target="node-a", transport="stream", compression=compression))
