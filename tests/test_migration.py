@@ -349,3 +349,21 @@ def test_a_compressed_checkpoint_image_restores_bit_exact(lab, workload, compres
     assert_clean(lab, st["name"])
     with pytest.raises(UsageError, match="registry transport only"):
         migrate(lab, Plan(workload=st["name"], target="node-a", transport="stream", compression=compression))
+
+
+def test_a_small_suite_produces_a_valid_report(lab, tmp_path):
+    from podmigrate.bench import report, suite
+
+    rows = suite.run(lab, tmp_path, runs=2, cold=1, heap_mb=64, groups=("decoupled", "stop-copy", "lazy"), warmup=0)
+    assert sorted({r["group"] for r in rows}) == ["cold", "decoupled", "lazy", "stop-copy"]
+    assert all(r["sha256_equal"] for r in rows if r["group"] != "cold")
+    again = suite.run(lab, tmp_path, runs=2, cold=1, heap_mb=64, groups=("decoupled", "stop-copy", "lazy"), warmup=0)
+    assert len(again) == len(rows)  # resumed: nothing left to run
+    res = report.build(tmp_path)
+    assert res["groups"]["stop-copy"]["n"] == 2 and res["groups"]["cold"]["n"] == 1
+    assert {s["metric"].split()[0] for s in res["study_side_by_side"]} >= {"Mode", "Cold"}
+    md = (tmp_path / "report.md").read_text()
+    assert "Beside the study" in md and "Mann-Whitney" in md and "| decoupled | 2 |" in md
+    for png in ("blackout-by-mode.png", "phases.png", "timeline-stop-copy.png"):
+        assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "data:image/png;base64," in (tmp_path / "report.html").read_text()

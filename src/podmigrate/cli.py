@@ -457,3 +457,62 @@ def bench_engine(ctx: click.Context, heaps: str, runs: int, methods: str | None,
         )
     out.print(t)
     err.print(f"results: {out_path}/ (bench.md, bench.json, rows.json)")
+
+
+@bench.command("suite")
+@click.option("--runs", default=36, show_default=True, type=click.IntRange(1, 1000), help="Migrations per mode.")
+@click.option("--cold", default=20, show_default=True, type=click.IntRange(1, 1000), help="Cold restarts.")
+@click.option("--heap-mb", default=64, show_default=True, type=click.IntRange(1, 65536))
+@click.option(
+    "--groups",
+    default="decoupled,stop-copy",
+    show_default=True,
+    help="Modes to run (decoupled, stop-copy, lazy, stop-copy-registry), comma-separated.",
+)
+@click.option("--warmup", default=2, show_default=True, type=click.IntRange(0, 100), help="Warm-up runs per mode.")
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(),
+    default=None,
+    help="[default: results/suite-TIMESTAMP]; an existing directory is resumed.",
+)
+@click.pass_context
+def bench_suite(
+    ctx: click.Context, runs: int, cold: int, heap_mb: int, groups: str, warmup: int, out_dir: str | None
+) -> None:
+    """N migrations per mode alternating direction, then M cold restarts; then the report."""
+    import time
+    from pathlib import Path
+
+    from podmigrate.bench import report, suite
+
+    out_path = Path(out_dir or f"results/suite-{time.strftime('%Y%m%d-%H%M%S')}")
+    with status("Suite") as rep:
+        suite.run(
+            get_lab(ctx),
+            out_path,
+            runs=runs,
+            cold=cold,
+            heap_mb=heap_mb,
+            groups=tuple(g for g in groups.split(",") if g),
+            warmup=warmup,
+            report=rep,
+        )
+    report.build(out_path)
+    err.print(f"results and report: {out_path}/ (report.md, report.html, suite.jsonl)")
+
+
+@main.command("report")
+@click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
+def report_cmd(results_dir: str) -> None:
+    """Build report.md, report.html and PNG plots from a results directory."""
+    from pathlib import Path
+
+    from podmigrate.bench import report
+
+    try:
+        report.build(Path(results_dir))
+    except FileNotFoundError as e:
+        raise click.ClickException(str(e)) from e
+    out.print((Path(results_dir) / "report.md").read_text(), markup=False, highlight=False)

@@ -17,6 +17,7 @@ import signal
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 MB = int(os.environ.get("HEAP_MB", "64"))
 SEED = int(os.environ.get("SEED", "1234"))
@@ -26,6 +27,8 @@ if MB <= 0:
     raise SystemExit(f"HEAP_MB must be a positive number of megabytes, not {MB}")
 
 t0 = time.time()
+heap: Any
+view: memoryview
 try:
     import numpy as np
 

@@ -1,0 +1,48 @@
+"""Statistics of the benchmark report against scipy's own results for fixed samples."""
+
+from __future__ import annotations
+
+import pytest
+from scipy import stats as sp
+
+from podmigrate.bench import stats
+
+A = [1.06, 1.01, 1.12, 0.98, 1.30, 1.05, 1.07, 0.99, 1.10, 1.02]
+B = [1.02, 0.97, 1.00, 1.04, 0.96, 1.01, 1.03, 0.99, 1.05, 0.98, 1.00, 1.02]
+
+
+def test_describe_gives_the_usual_figures():
+    d = stats.describe(A)
+    assert d["n"] == 10 and d["median"] == pytest.approx(1.055) and d["min"] == 0.98 and d["max"] == 1.30
+    assert d["mean"] == pytest.approx(sum(A) / 10)
+    assert d["stdev"] == pytest.approx(sp.tstd(A))
+    low, high = d["median_ci95"]
+    assert low <= d["median"] <= high
+    assert stats.describe(A) == d  # seeded: the same CI every time
+
+
+def test_compare_matches_scipy():
+    c = stats.compare(A, B)
+    mw = sp.mannwhitneyu(A, B, alternative="two-sided")
+    welch = sp.ttest_ind(A, B, equal_var=False)
+    assert c["mann_whitney_u"] == pytest.approx(mw.statistic) and c["mann_whitney_p"] == pytest.approx(mw.pvalue)
+    assert c["welch_t"] == pytest.approx(welch.statistic) and c["welch_p"] == pytest.approx(welch.pvalue)
+    assert c["rank_biserial"] == pytest.approx(2 * mw.statistic / (10 * 12) - 1)
+    assert c["median_difference"] == pytest.approx(1.055 - 1.005)
+
+
+def test_identical_groups_show_no_difference():
+    c = stats.compare(B, B)
+    assert c["mann_whitney_p"] == pytest.approx(1.0) and c["rank_biserial"] == pytest.approx(0.0)
+
+
+def test_too_few_samples_are_said_so():
+    assert stats.compare([1.0], B)["note"] == "too few samples for a test"
+    assert stats.describe([]) == {"n": 0}
+
+
+def test_spot_budget_adds_worst_case_detection():
+    b = {x["deadline"]: x for x in stats.spot_budget(31.78)}
+    assert b["AWS (120 s)"]["used_s"] == pytest.approx(36.78) and b["AWS (120 s)"]["fits"]
+    assert b["AWS (120 s)"]["share"] == pytest.approx(0.3065, abs=1e-4)  # the study's 30.6 %
+    assert not b["GKE spot, worst (15 s)"]["fits"]
