@@ -459,6 +459,30 @@ def bench_engine(ctx: click.Context, heaps: str, runs: int, methods: str | None,
     err.print(f"results: {out_path}/ (bench.md, bench.json, rows.json)")
 
 
+SWEEP_METHODS = (
+    "stop-copy/registry,stop-copy/registry+gzip,stop-copy/registry+zstd,stop-copy/stream,decoupled/stream,cold"
+)
+
+
+@bench.command("sweep")
+@click.option("--heaps", default="26,64,128,256,512,1024", show_default=True, help="Heap sizes in MB.")
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 100))
+@click.option("--methods", default=SWEEP_METHODS, show_default=True)
+@click.option("--out", "out_dir", type=click.Path(), default=None, help="[default: results/sweep-TIMESTAMP]")
+@click.pass_context
+def bench_sweep(ctx: click.Context, heaps: str, runs: int, methods: str, out_dir: str | None) -> None:
+    """The study's heap sweep: heap sizes x modes x compression, each migration checked by SHA-256."""
+    import time
+
+    ctx.invoke(
+        bench_engine,
+        heaps=heaps,
+        runs=runs,
+        methods=methods,
+        out_dir=out_dir or f"results/sweep-{time.strftime('%Y%m%d-%H%M%S')}",
+    )
+
+
 @bench.command("suite")
 @click.option("--runs", default=36, show_default=True, type=click.IntRange(1, 1000), help="Migrations per mode.")
 @click.option("--cold", default=20, show_default=True, type=click.IntRange(1, 1000), help="Cold restarts.")
