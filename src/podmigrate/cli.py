@@ -308,6 +308,13 @@ def render_migration(rec: dict[str, Any]) -> None:
 @main.command()
 @click.option("--heap-mb", type=int, default=256, show_default=True)
 @click.option(
+    "--suite-runs",
+    type=click.IntRange(0, 100),
+    default=3,
+    show_default=True,
+    help="Runs per mode of the short suite that ends the demo (0: none).",
+)
+@click.option(
     "--out",
     "out_dir",
     type=click.Path(),
@@ -316,7 +323,7 @@ def render_migration(rec: dict[str, Any]) -> None:
 )
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def demo(ctx: click.Context, heap_mb: int, out_dir: str | None, as_json: bool) -> None:
+def demo(ctx: click.Context, heap_mb: int, suite_runs: int, out_dir: str | None, as_json: bool) -> None:
     """Lab up, start a stateful workload, migrate it to node-b and back, print the evidence."""
     import time
     from pathlib import Path
@@ -325,11 +332,17 @@ def demo(ctx: click.Context, heap_mb: int, out_dir: str | None, as_json: bool) -
 
     out_path = Path(out_dir or f"results/demo-{time.strftime('%Y%m%d-%H%M%S')}")
     with status("podmigrate demo") as report:
-        summary = demo_mod.run(get_lab(ctx), heap_mb, out_path, report=report)
+        summary = demo_mod.run(get_lab(ctx), heap_mb, out_path, report=report, suite_runs=suite_runs)
     if as_json:
         click.echo(json.dumps(summary, indent=2))
     else:
         render_demo(summary)
+        if summary.get("suite"):
+            out.print(
+                "short suite, median blackout (s): "
+                + ", ".join(f"{g} {v}" for g, v in summary["suite"].items())
+                + f"; report: {summary['suite_report']} (and report.html beside it)"
+            )
         err.print(f"results: {out_path}/ (summary.md, summary.json, one JSON record per migration)")
     if not (summary["digests_identical"] and summary["counter_never_backwards"]):
         sys.exit(2)

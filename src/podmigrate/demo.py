@@ -32,7 +32,9 @@ def machine() -> dict[str, Any]:
     }
 
 
-def run(lab: Lab, heap_mb: int, out_dir: Path, name: str = "demo", report: Report = lambda _m: None) -> dict[str, Any]:
+def run(
+    lab: Lab, heap_mb: int, out_dir: Path, name: str = "demo", report: Report = lambda _m: None, suite_runs: int = 3
+) -> dict[str, Any]:
     lab.up(nodes=max(2, len(lab.nodes) if lab.is_up() else 2), report=report)
     try:
         manage.stop(lab, name)
@@ -85,6 +87,25 @@ def run(lab: Lab, heap_mb: int, out_dir: Path, name: str = "demo", report: Repor
     (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "summary.md").write_text(markdown(summary))
     manage.stop(lab, name)
+    if suite_runs:
+        # a short version of the full suite (`podmigrate bench suite`): a few runs per mode, small heap
+        from podmigrate.bench import report as report_mod
+        from podmigrate.bench import suite
+
+        report(f"short suite: {suite_runs} migrations per mode and {max(1, suite_runs - 1)} cold restarts, 64 MB")
+        suite.run(
+            lab,
+            out_dir / "suite",
+            runs=suite_runs,
+            cold=max(1, suite_runs - 1),
+            heap_mb=64,
+            groups=("decoupled", "stop-copy", "lazy"),
+            warmup=1,
+            report=report,
+        )
+        summary["suite_report"] = str(out_dir / "suite" / "report.md")
+        summary["suite"] = {g: round(d["median"], 3) for g, d in report_mod.build(out_dir / "suite")["groups"].items()}
+        (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 

@@ -33,7 +33,7 @@ from podmigrate import layout
 from podmigrate.agent.probe import KeepAlive, Probe
 from podmigrate.errors import AgentError, PodmigrateError, RuntimeBackendError, UsageError
 from podmigrate.routing.route import RouteRouter
-from podmigrate.runtime.podman import Podman
+from podmigrate.runtime.podman import Podman, file_tail, listening
 from podmigrate.transport import registry, stream
 
 Handler = Callable[[dict[str, str], dict[str, Any]], Any]
@@ -118,19 +118,6 @@ def make_handler(app: App) -> type[BaseHTTPRequestHandler]:
 
 class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
     daemon_threads = True
-
-
-def _listening(port: int) -> bool:
-    suffix = f":{port:04X}"
-    with open("/proc/net/tcp") as f:
-        return any(x.split()[1].endswith(suffix) and x.split()[3] == "0A" for x in f.readlines()[1:])
-
-
-def _tail(path: Path, lines: int = 20) -> list[str]:
-    try:
-        return path.read_text(errors="replace").splitlines()[-lines:]
-    except OSError:
-        return []
 
 
 def _safe_id(value: str) -> str:
@@ -342,11 +329,11 @@ def node_app(app: App) -> None:
         )
         servers[p["cid"]] = ps
         deadline = time.monotonic() + 10
-        while not _listening(port):
+        while not listening(port):
             if ps.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeBackendError(
                     f"criu page-server for {p['cid']} did not start on {app.name}",
-                    details={"log": _tail(pages / "page-server.log")},
+                    details={"log": file_tail(pages / "page-server.log")},
                 )
             time.sleep(0.01)
         return {"address": layout.node_ip(app.name), "port": port}

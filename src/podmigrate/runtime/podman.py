@@ -359,7 +359,7 @@ class Podman:
         with self.criu_options("lazy-pages", f"address={address}", f"port={port}"):
             proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             deadline = time.monotonic() + 600
-            while not _listening(port):
+            while not listening(port):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     out, errs = proc.communicate(timeout=10) if proc.poll() is not None else ("", "timed out")
                     raise RuntimeBackendError(
@@ -454,7 +454,7 @@ class Podman:
                 daemon.kill()
                 raise RuntimeBackendError(
                     f"criu lazy-pages did not start on {self.node}",
-                    details={"log": _file_tail(work / "lazy-pages.log")},
+                    details={"log": file_tail(work / "lazy-pages.log")},
                 )
             time.sleep(0.005)
         # no --print-stats: with a work-dir override podman fails after CRIU restored the process
@@ -549,13 +549,14 @@ def _rootfs_diff(upper: Path, bundle: Path) -> None:
         (bundle / "deleted.files").write_text(json.dumps(deleted))
 
 
-def _listening(port: int) -> bool:
+def listening(port: int) -> bool:
+    """Whether something listens on TCP ``port`` in this network namespace."""
     suffix = f":{port:04X}"
     with open("/proc/net/tcp") as f:
         return any(x.split()[1].endswith(suffix) and x.split()[3] == "0A" for x in f.readlines()[1:])
 
 
-def _file_tail(path: Path, lines: int = 20) -> list[str]:
+def file_tail(path: Path, lines: int = 20) -> list[str]:
     try:
         return path.read_text(errors="replace").splitlines()[-lines:]
     except OSError:
