@@ -360,11 +360,31 @@ def test_a_small_suite_produces_a_valid_report(lab, tmp_path):
     assert all(r["sha256_equal"] for r in rows if r["group"] != "cold")
     again = suite.run(lab, tmp_path, runs=2, cold=1, heap_mb=64, groups=("decoupled", "stop-copy", "lazy"), warmup=0)
     assert len(again) == len(rows)  # resumed: nothing left to run
+    # an engine benchmark's table in the same directory adds its plots and table (synthetic here)
+    table = [
+        {
+            "heap_mb": h,
+            "method": m,
+            "n": 1,
+            "blackout_s": b,
+            "blackout_cutover_s": None,
+            "phase_s": {"checkpoint": b / 2, "restore": b / 2},
+        }
+        for h, m, b in ((64, "stop-copy/stream", 0.9), (1024, "stop-copy/stream", 5.1), (64, "cold restart", 0.6))
+    ]
+    (tmp_path / "bench.json").write_text(json.dumps({"table": table}))
     res = report.build(tmp_path)
     assert res["groups"]["stop-copy"]["n"] == 2 and res["groups"]["cold"]["n"] == 1
+    assert any(s["metric"].startswith("1 GB evacuation") for s in res["study_side_by_side"])
     assert {s["metric"].split()[0] for s in res["study_side_by_side"]} >= {"Mode", "Cold"}
     md = (tmp_path / "report.md").read_text()
     assert "Beside the study" in md and "Mann-Whitney" in md and "| decoupled | 2 |" in md
-    for png in ("blackout-by-mode.png", "phases.png", "timeline-stop-copy.png"):
+    for png in (
+        "blackout-by-mode.png",
+        "phases.png",
+        "timeline-stop-copy.png",
+        "blackout-vs-heap.png",
+        "phases-by-heap.png",
+    ):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "data:image/png;base64," in (tmp_path / "report.html").read_text()

@@ -75,6 +75,10 @@ def _plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         fig.savefig(made[-1], dpi=110)
         plt.close(fig)
 
+    engine_file = out_dir / "bench.json"
+    if engine_file.exists():
+        made += _engine_plots(json.loads(engine_file.read_text())["table"], out_dir, plt)
+
     for g in groups:
         log, meta = out_dir / f"probe-{g}.json", out_dir / f"probe-{g}.meta.json"
         if not log.exists():
@@ -98,6 +102,48 @@ def _plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
         made.append(out_dir / f"timeline-{g}.png")
         fig.savefig(made[-1], dpi=110)
         plt.close(fig)
+    return made
+
+
+def _engine_plots(table: list[dict[str, Any]], out_dir: Path, plt: Any) -> list[Path]:
+    """From an engine benchmark or sweep: blackout against heap size per method, and the phases of
+    each method stacked per heap size."""
+    made: list[Path] = []
+    methods = sorted({t["method"] for t in table})
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for m in methods:
+        pts = sorted((t["heap_mb"], t["blackout_s"]) for t in table if t["method"] == m and t["blackout_s"])
+        if pts:
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", label=m)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("heap (MB)")
+    ax.set_ylabel("blackout (s, median)")
+    ax.set_title("Blackout against heap size")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    made.append(out_dir / "blackout-vs-heap.png")
+    fig.savefig(made[-1], dpi=110)
+    plt.close(fig)
+    phases = ["checkpoint", "page-server", "push", "pull", "transfer", "stop", "start", "restore", "cutover"]
+    heaps = sorted({t["heap_mb"] for t in table})
+    fig, axes = plt.subplots(1, len(heaps), figsize=(4 * len(heaps), 4.5), squeeze=False)
+    for ax, heap in zip(axes[0], heaps, strict=True):
+        rows = [t for t in table if t["heap_mb"] == heap]
+        bottom = [0.0] * len(rows)
+        for ph in phases:
+            vals = [float(t["phase_s"].get(ph, 0.0)) for t in rows]
+            if any(vals):
+                ax.bar(range(len(rows)), vals, bottom=bottom, label=ph)
+                bottom = [b + v for b, v in zip(bottom, vals, strict=True)]
+        ax.set_xticks(range(len(rows)), [t["method"] for t in rows], rotation=60, ha="right", fontsize=7)
+        ax.set_title(f"{heap} MB")
+        ax.set_ylabel("seconds (median)")
+    axes[0][-1].legend(fontsize=7)
+    fig.tight_layout()
+    made.append(out_dir / "phases-by-heap.png")
+    fig.savefig(made[-1], dpi=110)
+    plt.close(fig)
     return made
 
 
