@@ -33,7 +33,7 @@ from podmigrate import layout
 from podmigrate.agent.probe import KeepAlive, Probe
 from podmigrate.errors import AgentError, PodmigrateError, RuntimeBackendError, UsageError
 from podmigrate.routing.route import RouteRouter
-from podmigrate.runtime.podman import Podman, file_tail, listening
+from podmigrate.runtime.podman import Podman
 from podmigrate.transport import registry, stream
 
 Handler = Callable[[dict[str, str], dict[str, Any]], Any]
@@ -144,8 +144,6 @@ def node_app(app: App) -> None:
 
     def pages_dir(cid: str) -> Path:
         return ckdir / f"{_safe_id(cid)}.pages"
-
-    servers: dict[str, subprocess.Popen[bytes]] = {}
 
     @app.route("GET", "/v1/info")
     def info(p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -301,45 +299,8 @@ def node_app(app: App) -> None:
         with busy(p["cid"]):
             return stream.send(archive(p["cid"]), layout.node_ip(target), layout.AGENT_PORT, p["cid"], app.token)
 
-    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/page-server")
-    def page_server(p: dict[str, str], b: dict[str, Any]) -> Any:
-        """Start a CRIU page server that receives the memory pages of checkpoint ``cid``."""
-        pages = pages_dir(p["cid"])
-        pages.mkdir(mode=0o700, exist_ok=True)
-        with socket.socket() as probe:  # a free port; the page server takes it right after
-            probe.bind((layout.node_ip(app.name), 0))
-            port = probe.getsockname()[1]
-        ps = subprocess.Popen(
-            [
-                "criu",
-                "page-server",
-                "-D",
-                str(pages),
-                "--address",
-                layout.node_ip(app.name),
-                "--port",
-                str(port),
-                "-o",
-                "page-server.log",
-                "-v2",
-            ],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        servers[p["cid"]] = ps
-        deadline = time.monotonic() + 10
-        while not listening(port):
-            if ps.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeBackendError(
-                    f"criu page-server for {p['cid']} did not start on {app.name}",
-                    details={"log": file_tail(pages / "page-server.log")},
-                )
-            time.sleep(0.01)
-        return {"address": layout.node_ip(app.name), "port": port}
-
-    # post-copy: the source's lazy dump (serving pages) and the target's lazy-pages daemon run on
-    # after their requests returned; they are tracked here by checkpoint id
+    # CRIU processes that run on after their request returned (the page server receiving a dump, the
+    # source's lazy dump serving pages, the target's lazy-pages daemon), by role and checkpoint id
     jobs: dict[str, subprocess.Popen[Any]] = {}
     lazy_ports: dict[str, int] = {}
 
@@ -347,6 +308,13 @@ def node_app(app: App) -> None:
         with socket.socket() as sk:
             sk.bind((layout.node_ip(app.name), 0))
             return int(sk.getsockname()[1])
+
+    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/page-server")
+    def page_server(p: dict[str, str], b: dict[str, Any]) -> Any:
+        """Start a CRIU page server that receives the memory pages of checkpoint ``cid``."""
+        port = free_port()  # the page server takes it right after
+        jobs[f"ps-{p['cid']}"] = rt.page_server(pages_dir(p["cid"]), layout.node_ip(app.name), port)
+        return {"address": layout.node_ip(app.name), "port": port}
 
     @app.route("POST", "/v1/containers/(?P<name>[^/]+)/checkpoint-lazy")
     def checkpoint_lazy(p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -440,14 +408,11 @@ def node_app(app: App) -> None:
     @app.route("DELETE", "/v1/checkpoints/(?P<cid>[^/]+)")
     def delete(p: dict[str, str], b: dict[str, Any]) -> Any:
         a = archive(p["cid"])
-        ps = servers.pop(p["cid"], None)
-        if ps is not None and ps.poll() is None:
-            ps.kill()
-            ps.wait()
-        daemon = jobs.pop(f"dst-{p['cid']}", None)
-        if daemon is not None and daemon.poll() is None:
-            daemon.kill()
-            daemon.wait()
+        for role in ("ps", "dst"):  # the source's lazy dump is never killed: abort-lazy ends it safely
+            job = jobs.pop(f"{role}-{p['cid']}", None)
+            if job is not None and job.poll() is None:
+                job.kill()
+                job.wait()
         with busy(p["cid"]):
             shutil.rmtree(pages_dir(p["cid"]), ignore_errors=True)
             shutil.rmtree(ckdir / f"{_safe_id(p['cid'])}.work", ignore_errors=True)

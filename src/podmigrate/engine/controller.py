@@ -214,7 +214,6 @@ def push(ctx: Ctx) -> None:
         f"/v1/checkpoints/{rec['id']}/push",
         {"reference": rec["reference"], "annotations": ann, "compression": rec["plan"].get("compression", "none")},
     )
-    rec["image"] = rec.get("image")
     rec["checkpoint_image"] = {k: res[k] for k in ("reference", "manifest_digest", "layer_digest")}
     rec["bytes"]["pushed"] = res["bytes"]
 

@@ -4,15 +4,19 @@ A record is a JSON object, written after every step, so that a controller that d
 leaves enough behind for the next command to roll it back. Fields:
 
 - ``id``: ``YYYYmmdd-HHMMSS-xxxxxx``; also the checkpoint's file name and registry tag.
-- ``workload``, ``container``: what moves (the container name on both nodes).
-- ``source``, ``target``: node names. ``mode``: ``stop-copy``. ``transport``: ``registry``.
-- ``status``: ``running`` -> ``completed`` | ``rolled_back`` | ``failed`` (rollback itself failed).
+- ``workload``, ``container``: what moves (the container name on both nodes; the pod's name when
+  ``scope`` is ``pod``, with ``pod``: ``{name, infra, members, mac}``).
+- ``source``, ``target``: node names. ``mode``: ``stop-copy`` | ``decoupled`` | ``lazy`` | ``cold``.
+  ``transport``: ``registry`` | ``stream`` | ``archive`` (``none`` for cold).
+- ``status``: ``running`` -> ``completed`` | ``rolled_back`` | ``failed`` (a rollback failed, or a lazy
+  migration failed after its copy ran: then nothing is rolled back).
 - ``phase``: the phase running or last run. ``phases``: list of ``{name, started, ended, ok, info}``
   with epoch seconds; ``rollbacks``: what was undone, in order.
 - ``controller_pid``: the process running it (a dead pid with status running means: recover).
 - ``error``: ``{kind, message, hint, details}`` of the failure, if any.
-- results: ``blackout_s``, ``blackout``, ``bytes_moved``, ``criu``, ``state_before``,
-  ``state_after``, ``checks``, ``service_addresses``.
+- results: ``blackout_s`` (and ``blackout_cutover_s``), ``blackout``, ``drift``, ``state``
+  (kept/lost), ``bytes`` and ``bytes_moved``, ``criu``, ``state_before``, ``state_after``, ``checks``,
+  ``service_addresses``, ``leftovers`` (copies a failed undo could not delete; see ``gc``).
 """
 
 from __future__ import annotations

@@ -413,6 +413,38 @@ class Podman:
             if n.get("IPAddress")
         }
 
+    def page_server(self, images: Path, address: str, port: int) -> subprocess.Popen[bytes]:
+        """A CRIU page server writing the pages a dump sends into ``images``; returns once it listens."""
+        images.mkdir(mode=0o700, exist_ok=True)
+        server = subprocess.Popen(
+            [
+                "criu",
+                "page-server",
+                "-D",
+                str(images),
+                "--address",
+                address,
+                "--port",
+                str(port),
+                "-o",
+                "page-server.log",
+                "-v2",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not listening(port):
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeBackendError(
+                    f"criu page-server did not start on {self.node}",
+                    details={"log": file_tail(images / "page-server.log")},
+                )
+            time.sleep(0.01)
+        return server
+
     def lazy_restore(
         self, archive: Path, images: Path, work: Path, address: str, port: int, *, tcp_established: bool = True
     ) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:
