@@ -1,0 +1,67 @@
+"""The Kubelet Checkpoint API (KEP-2008), as the node agent calls it on its own node.
+
+``POST https://<node>:10250/checkpoint/{namespace}/{pod}/{container}?timeout=<s>`` with the agent's
+service-account token (RBAC: ``create`` on ``nodes/checkpoint``). The kubelet asks the runtime (CRI-O)
+for a checkpoint, leaves the container running, and answers
+``{"items": ["/var/lib/kubelet/checkpoints/checkpoint-<pod>_<ns>-<container>-<timestamp>.tar"]}``.
+It never deletes the archive: the agent does, once the image is pushed.
+"""
+
+from __future__ import annotations
+
+import json
+import ssl
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from podmigrate.errors import RuntimeBackendError
+
+CHECKPOINT_DIR = Path("/var/lib/kubelet/checkpoints")
+
+_HINTS = {
+    401: "the agent's token was refused: check its ServiceAccount token mount",
+    403: "RBAC: the agent's ServiceAccount needs `create` on `nodes/checkpoint`",
+    404: "no such pod or container on this node, or the ContainerCheckpoint feature gate is off "
+    "(Kubernetes < 1.30 needs --feature-gates=ContainerCheckpoint=true on the kubelet)",
+    500: "the runtime failed to checkpoint: CRI-O needs enable_criu_support = true and CRIU >= 4.2 on the "
+    "node; the kubelet's log has CRIU's dump.log location",
+}
+
+
+class KubeletClient:
+    """Standard library only (the agent image stays small)."""
+
+    def __init__(self, url: str, token: str, ca: str | None = None, insecure: bool = False):
+        self.url = url.rstrip("/")
+        self.token = token
+        if url.startswith("https"):
+            self.ctx: ssl.SSLContext | None = ssl.create_default_context(cafile=ca)
+            if insecure:  # kubelets commonly serve self-signed certificates (metrics-server has the same flag)
+                self.ctx.check_hostname = False
+                self.ctx.verify_mode = ssl.CERT_NONE
+        else:
+            self.ctx = None
+
+    def checkpoint(self, namespace: str, pod: str, container: str, timeout: int = 120) -> Path:
+        url = f"{self.url}/checkpoint/{namespace}/{pod}/{container}?timeout={timeout}"
+        req = urllib.request.Request(url, method="POST", headers={"Authorization": f"Bearer {self.token}"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout + 30, context=self.ctx) as resp:
+                body = json.loads(resp.read() or b"{}")
+        except urllib.error.HTTPError as e:
+            text = e.read(2000).decode(errors="replace").strip()
+            raise RuntimeBackendError(
+                f"kubelet refused the checkpoint of {namespace}/{pod}/{container}: {e.code} {text}",
+                hint=_HINTS.get(e.code),
+                details={"status": e.code},
+            ) from e
+        except (OSError, ValueError) as e:
+            raise RuntimeBackendError(
+                f"kubelet at {self.url} unreachable or answered garbage: {e}",
+                hint="the agent reaches the kubelet at the node's address (status.hostIP), port 10250",
+            ) from e
+        items = body.get("items") or []
+        if len(items) != 1 or not str(items[0]).endswith(".tar"):
+            raise RuntimeBackendError(f"kubelet answered an unexpected body to the checkpoint: {body!r}")
+        return Path(items[0])

@@ -1,0 +1,153 @@
+"""The operator: kopf handlers that run each PodLiveMigration through ``k8s.controller``.
+
+Run with ``kopf run -m podmigrate.k8s.operator --all-namespaces`` (the Deployment's command) or
+``podmigrate k8s operator``. Configuration comes from the environment:
+
+- ``PODMIGRATE_REGISTRY``: default registry/prefix for checkpoint images;
+- ``PODMIGRATE_AGENT_NAMESPACE``, ``PODMIGRATE_AGENT_TOKEN`` (from the agents' Secret);
+- ``PODMIGRATE_METRICS_PORT`` (default 8080; 0 turns the Prometheus endpoint off);
+- ``PODMIGRATE_KUBE_SERVER``: talk to this API server instead of the in-cluster one (development and
+  the tests, which point it at the kmock emulator).
+
+Create and resume share one handler that reads the record from the live object, so an operator that
+died mid-migration resumes where the record says. Deleting a running migration cancels it (the
+controller polls for the deletion) and the finalizer's handler rolls back what is left. A migration
+that is already terminal is never run again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import kopf
+from prometheus_client import Counter, Gauge, Histogram, start_http_server
+
+from podmigrate.k8s import api as k
+from podmigrate.k8s import controller
+from podmigrate.k8s.crd import GROUP, PLURAL, TERMINAL, VERSION
+
+MIGRATIONS = Counter("podmigrate_migrations_total", "Finished migrations by result and mode", ["result", "mode"])
+PHASE_SECONDS = Histogram(
+    "podmigrate_phase_duration_seconds",
+    "Duration of each migration phase",
+    ["phase", "mode"],
+    buckets=(0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+)
+BLACKOUT_SECONDS = Histogram(
+    "podmigrate_blackout_seconds",
+    "Service blackout per completed migration",
+    ["mode"],
+    buckets=(0, 0.1, 0.5, 1, 2, 5, 10, 30),
+)
+RUNNING = Gauge("podmigrate_migrations_running", "Migrations in progress")
+
+_validate_lock = threading.Lock()  # check-and-set of the per-pod lock within this operator
+
+
+def config() -> controller.Config:
+    return controller.Config(
+        registry=os.environ.get("PODMIGRATE_REGISTRY", controller.Config.registry),
+        agent_namespace=os.environ.get("PODMIGRATE_AGENT_NAMESPACE", controller.Config.agent_namespace),
+        agent_token=os.environ.get("PODMIGRATE_AGENT_TOKEN", ""),
+        poll_s=float(os.environ.get("PODMIGRATE_POLL_S", controller.Config.poll_s)),
+    )
+
+
+def kube() -> k.KubeAPI:
+    return k.KubeAPI(k.KubeConfig.load(os.environ.get("PODMIGRATE_KUBE_SERVER")))
+
+
+@kopf.on.startup()
+def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
+    settings.persistence.finalizer = "podmigrate.io/finalizer"
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API call drowns the phases
+    settings.posting.level = logging.INFO
+    settings.watching.connect_timeout = 10
+    settings.watching.server_timeout = 300
+    port = int(os.environ.get("PODMIGRATE_METRICS_PORT", "8080"))
+    if port:
+        start_http_server(port)
+        logger.info(f"metrics on :{port}/metrics")
+
+
+@kopf.on.login()
+def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
+    server = os.environ.get("PODMIGRATE_KUBE_SERVER")
+    if server:
+        return kopf.ConnectionInfo(server=server, token=os.environ.get("PODMIGRATE_KUBE_TOKEN"), insecure=True)
+    return kopf.login_via_client(**kwargs) if _has_client() else kopf.login_with_service_account(**kwargs)
+
+
+def _has_client() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("kubernetes") is not None
+
+
+@contextlib.contextmanager
+def session(
+    namespace: str, name: str, event: controller.Event, on_phase: Callable[[str, float], None] | None = None
+) -> Iterator[controller.Ctx | None]:
+    """A controller context built from the live object (never from a handler's possibly stale body);
+    None when the object is gone."""
+    api = kube()
+    cfg = config()
+    agents = controller.Agents(api, cfg)
+    try:
+        live = api.get(k.migrations(namespace, name))
+        if live is None:
+            yield None
+            return
+        status = live.get("status") or {}
+        ctx = controller.Ctx(
+            api, agents, cfg, namespace, name, dict(live.get("spec") or {}), dict(status.get("record") or {}), event
+        )
+        if on_phase:
+            ctx.on_phase = on_phase
+        yield ctx
+    finally:
+        agents.close()
+        api.close()
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+def reconcile(body: kopf.Body, namespace: str | None, name: str, logger: kopf.Logger, **_: Any) -> None:
+    assert namespace is not None  # the resource is namespaced
+    mode = str(body.get("spec", {}).get("mode", "decoupled"))
+
+    def event(kind: str, reason: str, message: str) -> None:
+        kopf.event(body, type=kind, reason=reason, message=message)
+        logger.info(f"{reason}: {message}")
+
+    with session(namespace, name, event, lambda p, s: PHASE_SECONDS.labels(p, mode).observe(s)) as ctx:
+        if ctx is None or ctx.rec.get("status") in controller.FINISHED:
+            return  # never run a finished migration again (a restart must not repeat a move)
+        RUNNING.inc()
+        try:
+            if "validate" not in ctx.rec.get("done", []):
+                with _validate_lock:  # two migrations of one pod must not both take its lock
+                    controller.run(ctx, stop_after="validate")
+            rec = controller.run(ctx)
+        finally:
+            RUNNING.dec()
+        MIGRATIONS.labels(rec.get("status", "unknown"), mode).inc()
+        if rec.get("status") == "completed":
+            BLACKOUT_SECONDS.labels(mode).observe(rec.get("blackout_s", 0.0))
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+def on_delete(namespace: str | None, name: str, status: kopf.Status, logger: kopf.Logger, **_: Any) -> None:
+    """Roll back what a migration that did not finish left behind; a finished one has nothing left."""
+    if status.get("phase") in TERMINAL or not status.get("record") or namespace is None:
+        return
+    with session(namespace, name, lambda *_a: None) as ctx:
+        if ctx is None or ctx.rec.get("status") in controller.FINISHED:
+            return
+        ok = controller.rollback(ctx)
+        logger.info(f"deleted while running: rolled back ({'ok' if ok else 'with failures'})")
