@@ -388,3 +388,21 @@ def test_deleting_a_running_migration_rolls_it_back(cluster: Cluster) -> None:
     assert pod is not None and k.pod_ready(pod) and c.heap_digests("node-a", "heapsrv") == before
     assert [p for p in c.api.list(k.pods(NS)) if p["metadata"]["name"] != "heapsrv"] == []
     assert c.archives("node-a") == []
+
+
+def test_checkpointing_some_containers_warns_and_starts_the_others_fresh(cluster: Cluster) -> None:
+    c = cluster
+    before = c.start_workload()
+    c.migrate("partial", {"podName": "heapsrv", "targetNode": "node-b", "containers": ["server"]})
+    st = c.wait_phase("partial", "Completed", "Failed", "RolledBack")
+    assert st["phase"] == "Completed", st
+    assert c.kubelets["node-a"].calls == [(NS, "heapsrv", "server")]
+    restored = st["restoredPod"]["name"]
+    pod = c.api.get(k.pods(NS, restored))
+    assert pod is not None
+    images = {x["name"]: x["image"] for x in pod["spec"]["containers"]}
+    assert images["sidecar"] == "localhost/sidecar:1" and images["server"] == st["checkpointImages"]["server"]
+    assert c.sim.restored[(restored, "server")] == before["server"]
+    assert (restored, "sidecar") not in c.sim.restored
+    warnings = [m for r, m in c.events() if r == "PartialCheckpoint"]
+    assert warnings and "severed" in warnings[0]

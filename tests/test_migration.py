@@ -269,6 +269,30 @@ def test_a_pod_moves_whole_and_the_loopback_connection_through_its_sidecar_survi
         assert node == "node-b" or not [c for c in ctrs if c["name"].startswith(pod)]
 
 
+def test_checkpointing_one_member_of_a_pod_keeps_its_state_but_severs_the_sidecars_connection(lab, workload):
+    st = workload(heap_mb=16, sidecar=True)
+    pod = st["name"].removesuffix("-server")
+    with pytest.raises(UsageError, match="has no member"):
+        migrate(lab, Plan(workload=pod, target="node-b", only=("db",)))
+    lan = lab.agent("lan")
+    conn = lan.post("/v1/connections", {"host": st["ip"], "port": 8000, "interval": 0.05})
+    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
+    rec = migrate(lab, Plan(workload=pod, target="node-b", only=(f"{pod}-server",)))
+    assert rec["pod"]["checkpointed"] == [f"{pod}-server"] and [f["name"] for f in rec["pod"]["fresh"]] == [
+        f"{pod}-sidecar"
+    ]
+    assert "severed" in rec["warnings"][0]
+    # the checkpointed server kept its memory; the sidecar is a new process that never saw the client
+    assert rec["checks"]["sha256_equal"] and manage.state(lab, pod)["node"] == "node-b"
+    final = wait_for(
+        lambda: (c := lan.get(f"/v1/connections/{conn['id']}"))["error"] and c,
+        30,
+        "the client's connection through the old sidecar to break",
+    )
+    assert final["error"]
+    lan.delete(f"/v1/connections/{conn['id']}")
+
+
 @pytest.mark.parametrize(
     ("mode", "transport"),
     [

@@ -46,3 +46,30 @@ def test_spot_budget_adds_worst_case_detection():
     assert b["AWS (120 s)"]["used_s"] == pytest.approx(36.78) and b["AWS (120 s)"]["fits"]
     assert b["AWS (120 s)"]["share"] == pytest.approx(0.3065, abs=1e-4)  # the study's 30.6 %
     assert not b["GKE spot, worst (15 s)"]["fits"]
+
+
+def test_an_engine_sweep_alone_regenerates_the_studys_heap_table(tmp_path):
+    from podmigrate.bench import report
+
+    def row(heap, method, pushed_mib, checkpoint, push):
+        return {
+            "heap_mb": heap, "method": method, "n": 2, "blackout_s": 1.0, "blackout_cutover_s": None,
+            "drift_counter": 0, "criu_frozen_s": 0.25, "state": "kept", "sha256_verified": "2/2",
+            "phase_s": {"checkpoint": checkpoint, "push": push, "pull": 0.5, "restore": 0.4},
+            "archive_mib": heap + 5.0, "pushed_mib": pushed_mib,
+        }  # fmt: skip
+
+    table = [
+        row(64, "stop-copy/registry", 69.0, 0.3, 0.4),
+        row(64, "stop-copy/registry+gzip", 66.0, 0.3, 3.1),
+        row(1024, "stop-copy/registry", 1029.0, 1.5, 6.0),
+    ]
+    (tmp_path / "bench.json").write_text(__import__("json").dumps({"table": table, "rows": []}))
+    r = report.build(tmp_path)
+    sweep = {s["heap_mb"]: s for s in r["study_tables"]["heap_sweep"]}
+    assert sweep[64]["rpo_plain_s"] == 0.7 and sweep[64]["rpo_gzip_s"] == 3.4 and sweep[64]["layer_gzip_mib"] == 66.0
+    assert sweep[1024]["worst_plain_s"] == 12.5 and sweep[1024]["spot_share"] == round(12.5 / 120, 3)
+    assert sweep[1024]["rpo_gzip_s"] is None  # not measured: shown as such, not invented
+    md = (tmp_path / "report.md").read_text()
+    assert "The study's table 3" in md and "[36.78]" in md and "[24.31]" in md
+    assert "The study's table 1" not in md  # no suite in this directory

@@ -246,6 +246,13 @@ def render_state(st: dict[str, Any]) -> None:
 )
 @click.option("--no-tcp-established", is_flag=True, help="Do not carry established TCP connections.")
 @click.option(
+    "--only-container",
+    "only",
+    multiple=True,
+    help="Pods: checkpoint only this member (repeatable); the others start fresh on the target, which "
+    "severs their loopback connections with it (the study's single-container finding). Default: all.",
+)
+@click.option(
     "--probe",
     help="How to probe the service: http:PORT/PATH or tcp:PORT (default: from the container's podmigrate.* labels).",
 )
@@ -259,6 +266,7 @@ def migrate(
     transport: str,
     compression: str,
     no_tcp_established: bool,
+    only: tuple[str, ...],
     probe: str | None,
     as_json: bool,
 ) -> None:
@@ -273,6 +281,7 @@ def migrate(
         transport=transport,
         compression=compression,
         tcp_established=not no_tcp_established,
+        only=only,
         probe=probe,
     )
     with status(f"Migrating {name} to {target} ({mode}, {transport})") as report:
@@ -295,6 +304,8 @@ def render_migration(rec: dict[str, Any]) -> None:
     if rec.get("drift"):
         line += f"; drift {rec['drift']['counter']} ticks ({rec['drift']['since_checkpoint_s']:.2f} s since checkpoint)"
     out.print(line + f"; moved {rec['bytes_moved'] / 2**20:.1f} MiB; state {rec.get('state', 'not checked')}")
+    for w in rec.get("warnings") or []:
+        err.print(f"[yellow]warning:[/] {w}")
     if rec.get("checks"):
         b, a = rec["state_before"], rec["state_after"]
         out.print(
@@ -434,8 +445,17 @@ def bench() -> None:
 @click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 100), help="Runs per method and heap.")
 @click.option("--methods", default=None, help="Comma-separated subset of method labels (default: all).")
 @click.option("--out", "out_dir", type=click.Path(), default=None, help="[default: results/bench-TIMESTAMP]")
+@click.option(
+    "--warm-memory-gb",
+    type=float,
+    default=None,
+    help="Touch this much guest memory once before measuring (first touch is slow on VMs); "
+    "default: all free memory but 4 GiB; 0: skip.",
+)
 @click.pass_context
-def bench_engine(ctx: click.Context, heaps: str, runs: int, methods: str | None, out_dir: str | None) -> None:
+def bench_engine(
+    ctx: click.Context, heaps: str, runs: int, methods: str | None, out_dir: str | None, warm_memory_gb: float | None
+) -> None:
     """Every mode and transport at several heap sizes, beside Podman's own two paths."""
     import time
     from pathlib import Path
@@ -451,7 +471,13 @@ def bench_engine(ctx: click.Context, heaps: str, runs: int, methods: str | None,
     out_path = Path(out_dir or f"results/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     with status("Engine benchmark") as report:
         summary = engine.run(
-            get_lab(ctx), sizes, runs, out_path, report, methods=methods.split(",") if methods else None
+            get_lab(ctx),
+            sizes,
+            runs,
+            out_path,
+            report,
+            methods=methods.split(",") if methods else None,
+            warm_memory_gib=warm_memory_gb,
         )
     t = Table(
         "heap MB", "method", "n", "blackout s", "at cutover s", "drift", "CRIU frozen s", "phases (median s)", "state"
@@ -482,8 +508,11 @@ SWEEP_METHODS = (
 @click.option("--runs", default=3, show_default=True, type=click.IntRange(1, 100))
 @click.option("--methods", default=SWEEP_METHODS, show_default=True)
 @click.option("--out", "out_dir", type=click.Path(), default=None, help="[default: results/sweep-TIMESTAMP]")
+@click.option("--warm-memory-gb", type=float, default=None, help="As for `bench engine`.")
 @click.pass_context
-def bench_sweep(ctx: click.Context, heaps: str, runs: int, methods: str, out_dir: str | None) -> None:
+def bench_sweep(
+    ctx: click.Context, heaps: str, runs: int, methods: str, out_dir: str | None, warm_memory_gb: float | None
+) -> None:
     """The study's heap sweep: heap sizes x modes x compression, each migration checked by SHA-256."""
     import time
 
@@ -493,6 +522,7 @@ def bench_sweep(ctx: click.Context, heaps: str, runs: int, methods: str, out_dir
         runs=runs,
         methods=methods,
         out_dir=out_dir or f"results/sweep-{time.strftime('%Y%m%d-%H%M%S')}",
+        warm_memory_gb=warm_memory_gb,
     )
 
 
@@ -514,9 +544,17 @@ def bench_sweep(ctx: click.Context, heaps: str, runs: int, methods: str, out_dir
     default=None,
     help="[default: results/suite-TIMESTAMP]; an existing directory is resumed.",
 )
+@click.option("--warm-memory-gb", type=float, default=None, help="As for `bench engine`.")
 @click.pass_context
 def bench_suite(
-    ctx: click.Context, runs: int, cold: int, heap_mb: int, groups: str, warmup: int, out_dir: str | None
+    ctx: click.Context,
+    runs: int,
+    cold: int,
+    heap_mb: int,
+    groups: str,
+    warmup: int,
+    out_dir: str | None,
+    warm_memory_gb: float | None,
 ) -> None:
     """N migrations per mode alternating direction, then M cold restarts; then the report."""
     import time
@@ -535,6 +573,7 @@ def bench_suite(
             groups=tuple(g for g in groups.split(",") if g),
             warmup=warmup,
             report=rep,
+            warm_memory_gib=warm_memory_gb,
         )
     report.build(out_path)
     err.print(f"results and report: {out_path}/ (report.md, report.html, suite.jsonl)")

@@ -33,7 +33,7 @@ from podmigrate import layout
 from podmigrate.agent.probe import KeepAlive, Probe
 from podmigrate.errors import AgentError, PodmigrateError, RuntimeBackendError, UsageError
 from podmigrate.routing.route import RouteRouter
-from podmigrate.runtime.podman import Podman
+from podmigrate.runtime.podman import Podman, lazy_dump_stats
 from podmigrate.transport import registry, stream
 
 Handler = Callable[[dict[str, str], dict[str, Any]], Any]
@@ -209,6 +209,7 @@ def node_app(app: App) -> None:
                 member_archives(b["checkpoint_id"], b["members"]),
                 mac=b.get("mac"),
                 tcp_established=b.get("tcp_established", True),
+                fresh=b.get("fresh") or [],
             )
 
     @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/send-pod")
@@ -352,6 +353,8 @@ def node_app(app: App) -> None:
         jobs[f"dst-{cid}"] = daemon
         return res
 
+    lazy_stats: dict[str, dict[str, Any]] = {}
+
     @app.route("GET", "/v1/checkpoints/(?P<cid>[^/]+)/lazy")
     def lazy_status(p: dict[str, str], b: dict[str, Any]) -> Any:
         out: dict[str, Any] = {}
@@ -359,6 +362,10 @@ def node_app(app: App) -> None:
             job = jobs.get(f"{role}-{p['cid']}")
             if job is not None:
                 out[role] = {"running": job.poll() is None, "rc": job.returncode}
+        if "src" in out and not out["src"]["running"]:
+            if p["cid"] not in lazy_stats:
+                lazy_stats[p["cid"]] = lazy_dump_stats(jobs[f"src-{p['cid']}"])
+            out["src"]["stats"] = lazy_stats[p["cid"]]
         return out
 
     @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/abort-lazy")

@@ -1,12 +1,13 @@
 """The engine benchmark: blackout and phase times for each mode and transport at several heap sizes,
 next to Podman's own two paths, measured side by side in one run.
 
-For each heap size a stream-server is started on node-a and moved once there and back as a
-warm-up (first touch of fresh guest memory is slow on VMs; the warm-up runs are kept in the
-results, marked). Then every method runs ``runs`` times, alternating direction. Podman's paths:
-``archive`` (``checkpoint --export`` / copy / ``restore --import``, through the engine) and
-``podman-image`` (``checkpoint --create-image``, ``push``, ``pull``, ``restore IMAGE``, run as plain
-podman commands with the same prober and route switch).
+Before anything, free guest memory can be touched once (``bench.memory``: first touch of fresh
+guest memory is slow on VMs). For each heap size a stream-server is started on node-a and moved
+there and back as a warm-up (the warm-up runs are kept in the results, marked). Then every method
+runs ``runs`` times, alternating direction. Podman's paths: ``archive`` (``checkpoint --export`` /
+copy / ``restore --import``, through the engine) and ``podman-image`` (``checkpoint
+--create-image``, ``push``, ``pull``, ``restore IMAGE``, run as plain podman commands with the same
+prober and route switch).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from podmigrate import layout
+from podmigrate.bench import memory, suite
 from podmigrate.engine.blackout import blackout
 from podmigrate.engine.controller import Plan, migrate
 from podmigrate.errors import UsageError
@@ -53,6 +55,9 @@ def _row(label: str, heap: int, rec: dict[str, Any], warmup: bool = False) -> di
         "phase_s": rec.get("phase_s", {}),
         "criu_frozen_s": round(dump["frozen_time"] / 1e6, 3) if "frozen_time" in dump else None,
         "bytes_moved": rec.get("bytes_moved"),
+        "archive_bytes": (rec.get("bytes") or {}).get("archive"),
+        "pushed_bytes": (rec.get("bytes") or {}).get("pushed"),
+        "sha256_equal": (rec.get("checks") or {}).get("sha256_equal"),
         "id": rec.get("id"),
     }
 
@@ -113,6 +118,7 @@ def run(
     out_dir: Path,
     report: Report = lambda _m: None,
     methods: list[str] | None = None,
+    warm_memory_gib: float | None = 0,  # None: all free memory but 4 GiB (bench.memory.warm)
 ) -> dict[str, Any]:
     lab.require_up()
     # gzip is single-threaded (~20 MB/s here): only when asked for, as in the sweep
@@ -125,8 +131,11 @@ def run(
     if not chosen:
         raise UsageError(f"no benchmark method matches {methods}", hint=f"methods: {[m[0] for m in METHODS]}")
     out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "machine.json").write_text(json.dumps(suite.machine(lab), indent=2))
     rows: list[dict[str, Any]] = []
     other = {"node-a": "node-b", "node-b": "node-a"}
+    warmed = memory.warm(warm_memory_gib) if warm_memory_gib != 0 else {"gib": 0, "seconds": 0.0}
+    report(f"guest memory warm-up: touched {warmed['gib']} GiB in {warmed['seconds']} s")
     for heap in heaps:
         name = f"bench{heap}"
         with contextlib.suppress(UsageError):
@@ -158,7 +167,14 @@ def run(
                 (out_dir / "rows.json").write_text(json.dumps(rows, indent=2))
         manage.stop(lab, name)
     tab = table(rows)
-    summary = {"created": time.time(), "heaps": heaps, "runs": runs, "rows": rows, "table": tab}
+    summary = {
+        "created": time.time(),
+        "heaps": heaps,
+        "runs": runs,
+        "guest_memory_warmup": warmed,
+        "rows": rows,
+        "table": tab,
+    }
     (out_dir / "bench.json").write_text(json.dumps(summary, indent=2))
     (out_dir / "bench.md").write_text(markdown(tab))
     return summary
@@ -191,6 +207,9 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "criu_frozen_s": med("criu_frozen_s"),
                 "phase_s": phases,
                 "state": rs[0]["state"],
+                "archive_mib": round(a / 2**20, 2) if (a := med("archive_bytes")) is not None else None,
+                "pushed_mib": round(b / 2**20, 2) if (b := med("pushed_bytes")) is not None else None,
+                "sha256_verified": f"{sum(1 for r in rs if r.get('sha256_equal'))}/{len(rs)}",
             }
         )
     return out

@@ -50,6 +50,9 @@ class Plan:
     transport: str = "registry"
     compression: str = "none"  # registry transport: none (heaps do not compress), gzip, zstd
     tcp_established: bool = True
+    # pods: checkpoint only these members; the others start fresh on the target (severs their loopback
+    # connections with the checkpointed ones: the study's single-container finding). Empty: all.
+    only: tuple[str, ...] = ()
     probe: str | None = None  # "http:PORT/PATH" or "tcp:PORT"; default: the container's labels
     probe_interval: float = 0.02
     verify_timeout: float = 120.0
@@ -102,6 +105,21 @@ def validate(ctx: Ctx) -> None:
                 hint="checkpointing one container of a pod alone would sever its loopback connections",
             )
         pod = ctx.agent(loc.node).get(f"/v1/pods/{c['pod']}")
+        only = list(rec["plan"].get("only") or [])
+        unknown = sorted(set(only) - set(pod["members"]))
+        if unknown:
+            raise UsageError(
+                f"pod {pod['name']!r} has no member {', '.join(unknown)}", hint=f"its members: {pod['members']}"
+            )
+        pod["checkpointed"] = [m for m in pod["members"] if not only or m in only]
+        fresh = [m for m in pod["members"] if m not in pod["checkpointed"]]
+        pod["fresh"] = [ctx.agent(loc.node).get(f"/v1/containers/{m}/spec") for m in fresh]
+        if fresh:
+            rec.setdefault("warnings", []).append(
+                f"only {pod['checkpointed']} keep their state; {fresh} start fresh on {rec['target']}, and every "
+                "loopback connection between them is severed (the study's single-container finding)"
+            )
+            ctx.report(f"⚠ {rec['warnings'][-1]}")
         rec["scope"] = "pod"
         rec["pod"] = pod
         rec["transport"] = "archive"  # each member's export, agent to agent
@@ -110,6 +128,8 @@ def validate(ctx: Ctx) -> None:
                 f"pod {pod['name']!r} has containers on {rec['target']} already",
                 hint="remove them first, or run `podmigrate gc`",
             )
+    elif rec["plan"].get("only"):
+        raise UsageError(f"{c['name']!r} is not in a pod; --only-container applies to pod members")
     if rec["target"] == loc.node:
         raise UsageError(
             f"{rec['workload']!r} already runs on {loc.node}",
@@ -253,7 +273,11 @@ def pod_checkpoint(ctx: Ctx) -> None:
     pod = rec["pod"]
     res = ctx.agent(rec["source"]).post(
         f"/v1/pods/{pod['name']}/checkpoint",
-        {"checkpoint_id": rec["id"], "members": pod["members"], "tcp_established": rec["plan"]["tcp_established"]},
+        {
+            "checkpoint_id": rec["id"],
+            "members": pod.get("checkpointed", pod["members"]),
+            "tcp_established": rec["plan"]["tcp_established"],
+        },
     )
     rec["freeze_started"] = res["started"]
     rec["checkpoint_at"] = res["ended"]
@@ -274,7 +298,8 @@ def undo_pod_checkpoint(lab: Lab, rec: Record, agent: Callable[[str], AgentClien
 def pod_transfer(ctx: Ctx) -> None:
     rec = ctx.rec
     res = ctx.agent(rec["source"]).post(
-        f"/v1/checkpoints/{rec['id']}/send-pod", {"node": rec["target"], "members": rec["pod"]["members"]}
+        f"/v1/checkpoints/{rec['id']}/send-pod",
+        {"node": rec["target"], "members": rec["pod"].get("checkpointed", rec["pod"]["members"])},
     )
     rec["bytes"]["sent"] = res["bytes"]
 
@@ -285,7 +310,8 @@ def pod_restore(ctx: Ctx) -> None:
         f"/v1/pods/{rec['pod']['name']}/restore",
         {
             "checkpoint_id": rec["id"],
-            "members": rec["pod"]["members"],
+            "members": rec["pod"].get("checkpointed", rec["pod"]["members"]),
+            "fresh": rec["pod"].get("fresh", []),
             "mac": rec["pod"].get("mac"),
             "ip": rec["service_addresses"][0],
             "image": rec["image"],
@@ -351,6 +377,11 @@ def lazy_pages(ctx: Ctx) -> None:
         dst = ctx.agent(rec["target"]).get(f"/v1/checkpoints/{rec['id']}/lazy").get("dst", {})
         if not src.get("running") and not dst.get("running"):
             rec["lazy"].update(source_rc=src.get("rc"), daemon_rc=dst.get("rc"), all_pages_at=time.time())
+            stats = src.get("stats") or {}
+            if stats:
+                rec.setdefault("criu", {})["dump"] = stats
+            if "pages_lazy" in stats:  # every page the dump left behind crossed the LAN on demand
+                rec.setdefault("bytes", {})["pages"] = int(stats["pages_lazy"]) * 4096
             return
         time.sleep(0.1)
     raise PodmigrateError("the lazy page transfer did not finish within 30 minutes")
@@ -790,7 +821,10 @@ def summarize(rec: Record) -> None:
     nbytes = rec.get("bytes", {})
     # bytes that crossed the LAN: twice through the registry, once when streamed
     rec["bytes_moved"] = sum(nbytes.get(k, 0) for k in ("pushed", "pulled", "sent", "pages"))
-    if nbytes.get("pages"):  # the pages moved during the dump itself
+    if nbytes.get("pages") and rec["mode"] == "lazy":  # from the restore until the last page arrived
+        total = rec["lazy"]["all_pages_at"] - ph["restore"]["ended"]
+        moved = nbytes["pages"]
+    elif nbytes.get("pages"):  # the pages moved during the dump itself
         total = rec["phase_s"].get("checkpoint", 0) + rec["phase_s"].get("transfer", 0)
         moved = nbytes["pages"] + nbytes.get("sent", 0)
     else:

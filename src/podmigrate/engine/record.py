@@ -16,7 +16,8 @@ leaves enough behind for the next command to roll it back. Fields:
 - ``error``: ``{kind, message, hint, details}`` of the failure, if any.
 - results: ``blackout_s`` (and ``blackout_cutover_s``), ``blackout``, ``drift``, ``state``
   (kept/lost), ``bytes`` and ``bytes_moved``, ``criu``, ``state_before``, ``state_after``, ``checks``,
-  ``service_addresses``, ``leftovers`` (copies a failed undo could not delete; see ``gc``).
+  ``service_addresses``, ``leftovers`` (copies a failed undo could not delete; see ``gc``),
+  ``warnings`` (e.g. pod members that start fresh with ``Plan.only``).
 """
 
 from __future__ import annotations

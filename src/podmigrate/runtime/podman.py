@@ -264,9 +264,11 @@ class Podman:
         *,
         mac: str | None = None,
         tcp_established: bool = True,
+        fresh: list[RunSpec] | None = None,
     ) -> dict[str, Any]:
         """Create the pod with the same address, start its infra, and restore the members into it under
-        one network lock, so that neither end of a loopback connection sees the other missing."""
+        one network lock, so that neither end of a loopback connection sees the other missing. Members
+        in ``fresh`` (not checkpointed) start afresh from their specs afterwards."""
         t0 = time.time()
         self.create_pod(pod, network, ip, mac)
         self._run("pod", "start", pod, what=f"starting pod {pod}")
@@ -280,7 +282,9 @@ class Podman:
                 stats[name] = _stats(self._run(*args, what=f"restore of {name} into pod {pod}").stdout)
         finally:
             self.pod_lock(pod, False)
-        return {"started": t0, "ended": time.time(), "members": stats}
+        for spec in fresh or []:
+            self.run({**spec, "pod": pod})
+        return {"started": t0, "ended": time.time(), "members": stats, "fresh": [f["name"] for f in fresh or []]}
 
     def remove(self, name: str) -> None:
         if subprocess.run(["podman", "pod", "exists", name]).returncode == 0:
@@ -352,6 +356,7 @@ class Podman:
             "--compress",
             "none",
             "--keep",
+            "--print-stats",  # printed when the last page has been served: how many moved lazily
             name,
         ]
         if tcp_established:
@@ -593,6 +598,12 @@ def file_tail(path: Path, lines: int = 20) -> list[str]:
         return path.read_text(errors="replace").splitlines()[-lines:]
     except OSError:
         return []
+
+
+def lazy_dump_stats(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    """CRIU's statistics of a finished lazy dump (``lazy_checkpoint``'s process)."""
+    out, _ = proc.communicate(timeout=10)
+    return _stats(out or "")
 
 
 def _stats(stdout: str) -> dict[str, Any]:
