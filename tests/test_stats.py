@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from scipy import stats as sp
 
@@ -51,7 +53,7 @@ def test_spot_budget_adds_worst_case_detection():
 def test_an_engine_sweep_alone_regenerates_the_studys_heap_table(tmp_path):
     from podmigrate.bench import report
 
-    def row(heap, method, pushed_mib, checkpoint, push):
+    def row(heap: int, method: str, pushed_mib: float, checkpoint: float, push: float) -> dict[str, Any]:
         return {
             "heap_mb": heap, "method": method, "n": 2, "blackout_s": 1.0, "blackout_cutover_s": None,
             "drift_counter": 0, "criu_frozen_s": 0.25, "state": "kept", "sha256_verified": "2/2",
