@@ -33,6 +33,7 @@ from podmigrate import layout
 from podmigrate.agent.probe import KeepAlive, Probe
 from podmigrate.errors import AgentError, PodmigrateError, RuntimeBackendError, UsageError
 from podmigrate.routing.route import RouteRouter
+from podmigrate.runtime import criu_images
 from podmigrate.runtime.podman import Podman, lazy_dump_stats
 from podmigrate.transport import registry, stream
 
@@ -342,6 +343,7 @@ def node_app(app: App) -> None:
         if b.get("image"):
             rt.ensure_image(b["image"])
         with busy(cid):
+            lazy_bytes = criu_images.archive_pages(archive(cid))["lazy"] * criu_images.PAGE
             res, daemon = rt.lazy_restore(
                 archive(cid),
                 pages_dir(cid),
@@ -351,7 +353,7 @@ def node_app(app: App) -> None:
                 tcp_established=b.get("tcp_established", True),
             )
         jobs[f"dst-{cid}"] = daemon
-        return res
+        return {**res, "lazy_bytes": lazy_bytes}
 
     lazy_stats: dict[str, dict[str, Any]] = {}
 

@@ -366,6 +366,8 @@ def lazy_restore(ctx: Ctx) -> None:
     )
     rec["criu"]["restore"] = res["stats"]
     rec["restored_at"] = res["ended"]
+    # what the copy will pull from the source's page server, from the dump's own pagemap
+    rec.setdefault("bytes", {})["pages"] = res.get("lazy_bytes", 0)
 
 
 def lazy_pages(ctx: Ctx) -> None:
@@ -377,11 +379,8 @@ def lazy_pages(ctx: Ctx) -> None:
         dst = ctx.agent(rec["target"]).get(f"/v1/checkpoints/{rec['id']}/lazy").get("dst", {})
         if not src.get("running") and not dst.get("running"):
             rec["lazy"].update(source_rc=src.get("rc"), daemon_rc=dst.get("rc"), all_pages_at=time.time())
-            stats = src.get("stats") or {}
-            if stats:
-                rec.setdefault("criu", {})["dump"] = stats
-            if "pages_lazy" in stats:  # every page the dump left behind crossed the LAN on demand
-                rec.setdefault("bytes", {})["pages"] = int(stats["pages_lazy"]) * 4096
+            if src.get("stats"):
+                rec.setdefault("criu", {})["dump"] = src["stats"]
             return
         time.sleep(0.1)
     raise PodmigrateError("the lazy page transfer did not finish within 30 minutes")
