@@ -14,9 +14,13 @@ import hashlib
 import http.client
 import json
 import os
+import re
+import ssl
 import subprocess
 import threading
 import time
+import urllib.parse
+import urllib.request
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -120,14 +124,98 @@ def split_reference(ref: str) -> tuple[str, str, str]:
     return host, repo, tag
 
 
-class Registry:
-    """A minimal OCI distribution client: only what checkpoint images need, streaming both ways."""
+def _tls_for(host: str) -> bool:
+    """``PODMIGRATE_REGISTRY_TLS``: ``1`` for every registry, or a comma-separated list of hosts.
+    Plain HTTP otherwise, as the lab's registry and the study's testbed use."""
+    value = os.environ.get("PODMIGRATE_REGISTRY_TLS", "")
+    return value == "1" or host in {h.strip() for h in value.split(",") if h.strip()}
 
-    def __init__(self, host: str, timeout: float = 60.0):
-        self.host, self.timeout = host, timeout
+
+def _credentials(host: str) -> str | None:
+    """``user:password`` base64 for ``host`` from a containers-auth.json (``REGISTRY_AUTH_FILE``, the
+    file podman, buildah and skopeo read; a Kubernetes dockerconfigjson Secret has the same shape)."""
+    path = os.environ.get("REGISTRY_AUTH_FILE")
+    if not path or not os.path.exists(path):
+        return None
+    with open(path) as f:
+        auths = (json.load(f) or {}).get("auths") or {}
+    entry = auths.get(host) or auths.get(f"https://{host}") or {}
+    auth = entry.get("auth")
+    return str(auth) if auth else None
+
+
+def _challenge(header: str) -> tuple[str, dict[str, str]]:
+    """``Bearer realm="https://auth",service="reg",scope="..."`` -> ("bearer", {realm, service, scope})."""
+    scheme, _, rest = header.partition(" ")
+    params = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+    return scheme.lower(), params
+
+
+class Registry:
+    """A minimal OCI distribution client: only what checkpoint images need, streaming both ways.
+
+    Plain HTTP or TLS (``PODMIGRATE_REGISTRY_TLS``, CA bundle in ``PODMIGRATE_REGISTRY_CA``); anonymous,
+    Basic or token (Bearer) authentication with credentials from ``REGISTRY_AUTH_FILE``. The
+    challenge is taken once, up front, from ``GET /v2/``: a streamed upload cannot be replayed after a
+    401."""
+
+    def __init__(self, host: str, timeout: float = 60.0, repo: str | None = None):
+        self.host, self.timeout, self.repo = host, timeout, repo
+        self.tls = _tls_for(host)
+        self._auth: dict[str, str] | None = None
 
     def _conn(self) -> http.client.HTTPConnection:
+        if self.tls:
+            ctx = ssl.create_default_context(cafile=os.environ.get("PODMIGRATE_REGISTRY_CA") or None)
+            return http.client.HTTPSConnection(self.host, timeout=self.timeout, context=ctx)
         return http.client.HTTPConnection(self.host, timeout=self.timeout)
+
+    def _authorization(self) -> dict[str, str]:
+        if self._auth is not None:
+            return self._auth
+        self._auth = {}
+        resp, conn = self._send("GET", "/v2/", None, {}, False)
+        resp.read()
+        conn.close()
+        if resp.status != 401:
+            return self._auth
+        scheme, params = _challenge(resp.headers.get("WWW-Authenticate", ""))
+        creds = _credentials(self.host)
+        if scheme == "basic":
+            if not creds:
+                raise TransportError(
+                    f"registry {self.host} wants credentials",
+                    hint="put them in a containers-auth.json and point REGISTRY_AUTH_FILE at it",
+                )
+            self._auth = {"Authorization": f"Basic {creds}"}
+        elif scheme == "bearer" and params.get("realm"):
+            query = {"service": params.get("service", "")}
+            if self.repo:
+                query["scope"] = f"repository:{self.repo}:pull,push,delete"
+            req = urllib.request.Request(f"{params['realm']}?{urllib.parse.urlencode(query)}")
+            if creds:
+                req.add_header("Authorization", f"Basic {creds}")
+            try:
+                with urllib.request.urlopen(req, timeout=self.timeout) as r:
+                    tok = json.loads(r.read())
+            except (OSError, ValueError) as e:
+                raise TransportError(f"registry {self.host}: getting a token from {params['realm']} failed: {e}") from e
+            self._auth = {"Authorization": f"Bearer {tok.get('token') or tok.get('access_token')}"}
+        return self._auth
+
+    def _send(
+        self, method: str, path: str, body: Any, headers: dict[str, str], chunked: bool
+    ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
+        conn = self._conn()
+        try:
+            conn.request(method, path, body=body, headers=headers, encode_chunked=chunked)
+            return conn.getresponse(), conn
+        except OSError as e:
+            conn.close()
+            raise TransportError(
+                f"registry {self.host} unreachable during {method} {path}: {e}",
+                hint="is the registry running and reachable from this node? (lab: `podmigrate lab status`)",
+            ) from e
 
     def _request(
         self,
@@ -138,20 +226,14 @@ class Registry:
         ok: tuple[int, ...] = (200, 201, 202),
         chunked: bool = False,
     ) -> tuple[http.client.HTTPResponse, http.client.HTTPConnection]:
-        conn = self._conn()
-        try:
-            conn.request(method, path, body=body, headers=headers or {}, encode_chunked=chunked)
-            resp = conn.getresponse()
-        except OSError as e:
-            conn.close()
-            raise TransportError(
-                f"registry {self.host} unreachable during {method} {path}: {e}",
-                hint="is the lab's registry running? see `podmigrate lab status`",
-            ) from e
+        resp, conn = self._send(method, path, body, {**(headers or {}), **self._authorization()}, chunked)
         if resp.status not in ok:
             text = resp.read(2000).decode(errors="replace")
             conn.close()
-            raise TransportError(f"registry {self.host} answered {resp.status} to {method} {path}: {text}")
+            raise TransportError(
+                f"registry {self.host} answered {resp.status} to {method} {path}: {text}",
+                hint="check the credentials in REGISTRY_AUTH_FILE" if resp.status in (401, 403) else None,
+            )
         return resp, conn
 
     def _upload(self, repo: str, body: Any, digest_fn: Any, chunked: bool) -> None:
@@ -264,7 +346,7 @@ def push_checkpoint(
     if compression not in COMPRESSIONS:
         raise TransportError(f"unknown compression {compression!r}; use one of {', '.join(COMPRESSIONS)}")
     host, repo, tag = split_reference(reference)
-    reg = Registry(host)
+    reg = Registry(host, repo=repo)
     t0 = time.time()
     layer_digest, layer_size, diff_id = reg.push_blob_file(repo, archive, compression)
     config = {
@@ -300,7 +382,7 @@ _SUFFIX = {"none": "", "gzip": "+gzip", "zstd": "+zstd"}
 def pull_checkpoint(reference: str, dest: Path) -> dict[str, Any]:
     """Fetch the checkpoint layer of ``reference`` into ``dest``, verified against its digest."""
     host, repo, tag = split_reference(reference)
-    reg = Registry(host)
+    reg = Registry(host, repo=repo)
     t0 = time.time()
     manifest, digest = reg.get_manifest(repo, tag)
     ann = manifest.get("annotations") or {}
@@ -328,7 +410,7 @@ def pull_checkpoint(reference: str, dest: Path) -> dict[str, Any]:
 def delete_checkpoint(reference: str) -> bool:
     """Delete the tag's manifest and its blobs; False when it was already gone."""
     host, repo, tag = split_reference(reference)
-    reg = Registry(host)
+    reg = Registry(host, repo=repo)
     try:
         manifest, digest = reg.get_manifest(repo, tag)
     except TransportError as e:

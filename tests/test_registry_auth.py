@@ -1,0 +1,101 @@
+"""Checkpoint images through a registry that wants TLS and credentials (Debian's docker-registry with
+htpasswd auth and a self-signed certificate, on loopback): what a cluster's registry looks like."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import os
+import subprocess
+import tarfile
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from podmigrate.errors import TransportError
+from podmigrate.transport import registry
+from tests.conftest import wait_for
+from tests.k8s_sim import free_port, self_signed_cert
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import crypt  # bcrypt through Debian's libxcrypt: what htpasswd files hold
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    tmp = tmp_path_factory.mktemp("reg-auth")
+    cert, key = self_signed_cert(tmp)
+    (tmp / "htpasswd").write_text(f"mig:{crypt.crypt('s3cret', crypt.mksalt(crypt.METHOD_BLOWFISH))}\n")
+    port = free_port()
+    (tmp / "config.yml").write_text(
+        "version: 0.1\nlog: {level: error}\n"
+        f"storage: {{filesystem: {{rootdirectory: {tmp / 'data'}}}, delete: {{enabled: true}}}}\n"
+        f"http: {{addr: '127.0.0.1:{port}', tls: {{certificate: {cert}, key: {key}}}}}\n"
+        f"auth: {{htpasswd: {{realm: podmigrate, path: {tmp / 'htpasswd'}}}}}\n"
+    )
+    proc = subprocess.Popen(["docker-registry", "serve", str(tmp / "config.yml")], stderr=subprocess.DEVNULL)
+    host = f"127.0.0.1:{port}"
+    old = {k: os.environ.get(k) for k in ("PODMIGRATE_REGISTRY_TLS", "PODMIGRATE_REGISTRY_CA", "REGISTRY_AUTH_FILE")}
+    os.environ.update(PODMIGRATE_REGISTRY_TLS=host, PODMIGRATE_REGISTRY_CA=str(cert))
+    try:
+        wait_for(
+            lambda: subprocess.run(["bash", "-c", f"exec 3<>/dev/tcp/127.0.0.1/{port}"]).returncode == 0, 30, "registry"
+        )
+        yield host, tmp
+    finally:
+        proc.terminate()
+        proc.wait(10)
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def auth_file(tmp: Path, host: str, password: str) -> Path:
+    f = tmp / f"auth-{password}.json"
+    f.write_text(json.dumps({"auths": {host: {"auth": base64.b64encode(f"mig:{password}".encode()).decode()}}}))
+    f.chmod(0o600)
+    return f
+
+
+def archive(tmp: Path) -> Path:
+    a = tmp / "ck.tar"
+    (tmp / "pages-1.img").write_bytes(os.urandom(1 << 20))
+    with tarfile.open(a, "w") as tar:
+        tar.add(tmp / "pages-1.img", "checkpoint/pages-1.img")
+    return a
+
+
+def test_push_and_pull_with_credentials_over_tls(secured: tuple[str, Path], tmp_path: Path) -> None:
+    host, tmp = secured
+    os.environ["REGISTRY_AUTH_FILE"] = str(auth_file(tmp, host, "s3cret"))
+    a = archive(tmp_path)
+    ref = f"{host}/checkpoints/web:1"
+    pushed = registry.push_checkpoint(a, ref, registry.checkpoint_annotations("web"))
+    got = registry.pull_checkpoint(ref, tmp_path / "back.tar")
+    assert got["layer_digest"] == pushed["layer_digest"]
+    assert (
+        hashlib.sha256((tmp_path / "back.tar").read_bytes()).hexdigest() == hashlib.sha256(a.read_bytes()).hexdigest()
+    )
+    assert registry.delete_checkpoint(ref) and not registry.delete_checkpoint(ref)
+
+
+@pytest.mark.parametrize("password", [None, "wrong"])
+def test_missing_or_wrong_credentials_are_said_so(
+    secured: tuple[str, Path], tmp_path: Path, password: str | None
+) -> None:
+    host, tmp = secured
+    if password is None:
+        os.environ.pop("REGISTRY_AUTH_FILE", None)
+        match, hint = "wants credentials", "REGISTRY_AUTH_FILE"
+    else:
+        os.environ["REGISTRY_AUTH_FILE"] = str(auth_file(tmp, host, password))
+        match, hint = "answered 401", "credentials"
+    with pytest.raises(TransportError, match=match) as e:
+        registry.push_checkpoint(archive(tmp_path), f"{host}/checkpoints/web:2", {})
+    assert e.value.hint and hint in e.value.hint
