@@ -230,7 +230,7 @@ def test_decoupled_migration_moves_the_pod_with_its_memory_there_and_back(cluste
     assert {ctr: c.sim.restored[(restored, ctr)] for ctr in before} == before
     # the Service selects exactly the restored pod; the source is gone; no archive or tag is left
     sel = c.api.get(k.services(NS, "web"))["spec"]["selector"]  # type: ignore[index]
-    assert sel == {"app": "heapsrv", "podmigrate.io/instance": restored}
+    assert sel == {"app": "heapsrv"}  # unpinned again: with the source gone it selects the copy alone
     assert c.api.get(k.pods(NS, "heapsrv")) is None
     assert c.archives("node-a") == [] and not any(c.registry.has(i) for i in images.values())
     assert set(st["phaseTimings"]) == {"validate", "checkpoint", "package", "restore", "cutover", "cleanup"}
@@ -329,7 +329,11 @@ def test_invalid_specs_fail_with_a_message_that_names_the_field(cluster: Cluster
         "bad-mode": ({"podName": "heapsrv", "mode": "warp"}, "spec.mode: 'warp' is not one of"),
         "not-ready": ({"podName": "heapsrv", "targetNode": "node-c"}, "node 'node-c' is not Ready"),
         "no-such-container": ({"podName": "heapsrv", "containers": ["db"]}, "has no container db"),
+        "tainted": ({"podName": "heapsrv", "targetNode": "node-d"}, "does not tolerate its taint gpu:NoSchedule"),
     }
+    taints = [{"key": "gpu", "effect": "NoSchedule"}]
+    ready = {"conditions": [{"type": "Ready", "status": "True"}]}
+    c.api.create(k.nodes(), {"metadata": {"name": "node-d"}, "spec": {"taints": taints}, "status": ready})
     for name, (spec, _) in cases.items():
         c.migrate(name, spec)
     for name, (_, message) in cases.items():
@@ -406,3 +410,37 @@ def test_checkpointing_some_containers_warns_and_starts_the_others_fresh(cluster
     assert (restored, "sidecar") not in c.sim.restored
     warnings = [m for r, m in c.events() if r == "PartialCheckpoint"]
     assert warnings and "severed" in warnings[0]
+
+
+def test_an_operator_that_died_mid_rollback_finishes_the_rollback_not_the_migration(cluster: Cluster) -> None:
+    """The record an operator left when it died while undoing a failed restore: the copy is already
+    deleted but not yet recorded so; the Services' pin and the archives are still there. The next
+    operator must finish the undo (each undo is idempotent), never run the migration on."""
+    c = cluster
+    before = c.start_workload()
+    archive = c.kubelets["node-a"].dir / "podmigrate-20261201000000-abcdef-server.tar"
+    archive.write_bytes(b"memory")
+    c.api.patch(k.pods(NS, "heapsrv"), {"metadata": {"annotations": {"podmigrate.io/migration": "crashed"},
+                                                     "labels": {"podmigrate.io/instance": "heapsrv"}}})  # fmt: skip
+    c.api.patch(k.services(NS, "web"), {"spec": {"selector": {"app": "heapsrv", "podmigrate.io/instance": "heapsrv"}}})
+    spec = {"podName": "heapsrv", "targetNode": "node-b", "mode": "decoupled", "transport": "registry",
+            "compression": "none", "timeouts": {"checkpointSeconds": 120, "restoreSeconds": 300}}  # fmt: skip
+    phases = [{"name": n, "started": 1.0, "ended": 2.0} for n in ("validate", "checkpoint", "restore")]
+    record = {
+        "status": "rolling_back", "id": "20261201000000-abcdef", "phase": "restore", "spec": spec,
+        "source": "node-a", "target": "node-b", "containers": ["server"], "restored": "heapsrv-mabcdef",
+        "services": {"web": {"app": "heapsrv"}}, "phases": phases, "done": ["validate", "checkpoint"],
+        "rollbacks": [],
+        "error": {"message": "restore failed: CreateContainerError"}, "owner": "dead-operator",
+    }  # fmt: skip
+    meta = {"name": "crashed", "namespace": NS, "resourceVersion": "1"}
+    c.api.create(PLMS, {"apiVersion": "podmigrate.io/v1alpha1", "kind": "PodLiveMigration", "metadata": meta,
+                        "spec": spec, "status": {"phase": "Restoring", "record": record}})  # fmt: skip
+    st = c.wait_phase("crashed", "RolledBack", "Failed", "Completed")
+    assert st["phase"] == "RolledBack", st
+    assert not archive.exists() and c.kubelets["node-a"].calls == []  # undone, nothing redone
+    assert c.api.get(k.services(NS, "web"))["spec"]["selector"] == {"app": "heapsrv"}  # type: ignore[index]
+    pod = c.api.get(k.pods(NS, "heapsrv"))
+    assert pod is not None and "podmigrate.io/migration" not in pod["metadata"].get("annotations", {})
+    assert c.heap_digests("node-a", "heapsrv") == before
+    assert [r["phase"] for r in st["record"]["rollbacks"]] == ["restore", "checkpoint"]

@@ -135,6 +135,7 @@ def test_rbac_grants_what_the_code_calls_and_the_agent_nothing_more(tools: Path)
         ("", "pods", "patch"),
         ("", "services", "patch"),
         ("", "nodes", "list"),
+        ("discovery.k8s.io", "endpointslices", "list"),
         ("", "events", "create"),
     ]:
         assert need in op, need

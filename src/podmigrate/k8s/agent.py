@@ -97,6 +97,13 @@ def build_app(name: str, token: str, kubelet: KubeletClient, checkpoint_dir: Pat
         for c, path in b["archives"].items():
             archive = inside(path)
             ref = b["references"][c]
+            if not archive.exists():  # a repeated request: the first one pushed it and deleted the archive
+                host, repo, tag = registry.split_reference(ref)
+                manifest, digest = registry.Registry(host, repo=repo).get_manifest(repo, tag)
+                layer = manifest["layers"][0]
+                out[c] = {"reference": ref, "manifest_digest": digest, "layer_digest": layer["digest"],
+                          "bytes": layer["size"], "repeated": True}  # fmt: skip
+                continue
             ann = registry.checkpoint_annotations(c, {"io.podmigrate.source": f"{b.get('namespace')}/{b.get('pod')}"})
             out[c] = registry.push_checkpoint(archive, ref, ann, b.get("compression", "none"))
             # the kubelet never deletes its archives; once the image is in the registry the copy is waste
@@ -122,7 +129,8 @@ def build_app(name: str, token: str, kubelet: KubeletClient, checkpoint_dir: Pat
     def gc(p: dict[str, str], b: dict[str, Any]) -> Any:
         cutoff = time.time() - float(b.get("older_than_s", 3600))
         gone = []
-        for a in checkpoint_dir.glob("*.tar") if checkpoint_dir.exists() else []:
+        # only what podmigrate made (and kubelet archives it renamed): other tools' checkpoints are theirs
+        for a in checkpoint_dir.glob("podmigrate-*.tar") if checkpoint_dir.exists() else []:
             if a.stat().st_mtime < cutoff:
                 a.unlink(missing_ok=True)
                 gone.append(str(a))
@@ -165,9 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("PODMIGRATE_AGENT_TOKEN")
     if not token or not args.node:
         sys.exit("podmigrate-k8s-agent: needs --node (or $NODE_NAME) and a token ($PODMIGRATE_AGENT_TOKEN)")
-    kubelet = KubeletClient(
-        args.kubelet, Path(args.kubelet_token_file).read_text().strip(), args.kubelet_ca, args.kubelet_insecure_tls
-    )
+    kubelet = KubeletClient(args.kubelet, Path(args.kubelet_token_file), args.kubelet_ca, args.kubelet_insecure_tls)
     server = serve(build_app(args.node, token, kubelet, Path(args.checkpoint_dir)), args.listen)
     print(f"podmigrate node agent {args.node} on {args.listen}, kubelet {args.kubelet}", flush=True)
     server.serve_forever()

@@ -23,6 +23,7 @@ spec was invalid.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import secrets
@@ -55,7 +56,9 @@ PUBLIC_PHASE = {
 # pod states from which a restore will not recover by waiting
 FATAL_WAITING = ("ErrImagePull", "ImagePullBackOff", "CreateContainerError", "CrashLoopBackOff", "InvalidImageName")
 
-FINISHED = ("completed", "rolled_back", "failed")  # record statuses that are never run again
+FINISHED = ("completed", "rolled_back", "failed")
+# who runs a migration: a container restart keeps the hostname and PID 1, so a random token per process
+OWNER = f"{socket.gethostname()}/{os.getpid()}/{secrets.token_hex(4)}"  # record statuses that are never run again
 
 Record = dict[str, Any]
 Event = Callable[[str, str, str], None]  # (type Normal|Warning, reason, message)
@@ -180,7 +183,7 @@ def validate(ctx: Ctx) -> None:
             "connections between them are severed",
         )
     rec["source"] = source
-    rec.setdefault("target", _pick_target(ctx, source))
+    rec.setdefault("target", _pick_target(ctx, source, pod))
     rec["containers"] = wanted
     rec["source_pod"] = _clean_copy(pod, ctx.ns)
     rec.setdefault("id", f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
@@ -190,7 +193,23 @@ def validate(ctx: Ctx) -> None:
     rec["services"] = _services(ctx, pod)
     if not rec["services"]:
         ctx.event("Warning", "NoService", "no Service selects the pod: nothing to switch at cutover")
+    _warn_volumes(ctx, pod)
+    rec["spec"] = spec  # from here on the spec the migration started with, whatever edits come later
     ctx.api.patch(k.pods(ctx.ns, spec["podName"]), {"metadata": {"annotations": {LOCK: ctx.name}}})
+
+
+def _warn_volumes(ctx: Ctx, pod: dict[str, Any]) -> None:
+    """A checkpoint holds the processes and their root file system, not their volumes."""
+    for v in (pod.get("spec") or {}).get("volumes") or []:
+        if "emptyDir" in v:
+            what = "its contents are not moved: the copy starts with an empty directory"
+        elif "persistentVolumeClaim" in v:
+            what = "the target must be able to attach it while the source still holds it (ReadWriteOnce cannot)"
+        elif "hostPath" in v:
+            what = "it points at the target node's files, not the source's"
+        else:
+            continue
+        ctx.event("Warning", "Volume", f"volume {v['name']!r}: {what}")
 
 
 def _active(ctx: Ctx, other: str) -> bool:
@@ -198,7 +217,20 @@ def _active(ctx: Ctx, other: str) -> bool:
     return bool(obj) and (obj or {}).get("status", {}).get("phase") not in ("Completed", "Failed", "RolledBack")
 
 
-def _pick_target(ctx: Ctx, source: str) -> str:
+def _unfit(node: dict[str, Any], pod: dict[str, Any]) -> str | None:
+    """Why the kubelet would refuse the copy on ``node`` (the copy is pinned: no scheduler checks it)."""
+    labels = node["metadata"].get("labels") or {}
+    for key, value in ((pod.get("spec") or {}).get("nodeSelector") or {}).items():
+        if key != "kubernetes.io/hostname" and labels.get(key) != value:
+            return f"it lacks the pod's nodeSelector label {key}={value}"
+    tolerated = {t.get("key") for t in (pod.get("spec") or {}).get("tolerations") or []}
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoExecute", "NoSchedule") and taint.get("key") not in tolerated | {None}:
+            return f"the pod does not tolerate its taint {taint['key']}:{taint['effect']}"
+    return None
+
+
+def _pick_target(ctx: Ctx, source: str, pod: dict[str, Any]) -> str:
     spec = ctx.spec
     if spec.get("targetNode"):
         node = ctx.api.get(k.nodes(spec["targetNode"]))
@@ -208,6 +240,8 @@ def _pick_target(ctx: Ctx, source: str) -> str:
             raise SpecError(f"spec.targetNode: the pod already runs on {source!r}; choose another node")
         if not k.node_ready(node):
             raise SpecError(f"spec.targetNode: node {spec['targetNode']!r} is not Ready or is cordoned")
+        if why := _unfit(node, pod):
+            raise SpecError(f"spec.targetNode: the copy cannot run on {spec['targetNode']!r}: {why}")
         return str(spec["targetNode"])
     want = spec.get("targetNodeSelector") or {}
     candidates = sorted(
@@ -215,6 +249,7 @@ def _pick_target(ctx: Ctx, source: str) -> str:
         for n in ctx.api.list(k.nodes())
         if n["metadata"]["name"] != source
         and k.node_ready(n)
+        and _unfit(n, pod) is None
         and all((n["metadata"].get("labels") or {}).get(a) == b for a, b in want.items())
     )
     if not candidates:
@@ -270,6 +305,38 @@ def _set_selectors(ctx: Ctx, instance: str | None) -> None:
 def isolate(ctx: Ctx) -> None:
     _set_selectors(ctx, f"isolated-{ctx.rec['id']}")  # no pod carries it: the Services go empty
     ctx.rec["isolated_at"] = time.time()
+    _wait_unserved(ctx)
+
+
+def _wait_unserved(ctx: Ctx, timeout: float = 10.0) -> None:
+    """Wait until no EndpointSlice of the Services lists the source as ready: kube-proxy (or Cilium)
+    follows the slices, so only then does no new request reach the source. Connections already open
+    to it stay open; a stop-copy checkpoint sees their last requests."""
+    source = ctx.spec["podName"]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        serving = []
+        for svc in ctx.rec["services"]:
+            try:
+                slices = ctx.api.list(
+                    f"/apis/discovery.k8s.io/v1/namespaces/{ctx.ns}/endpointslices",
+                    label_selector=f"kubernetes.io/service-name={svc}",
+                )
+            except k.KubeError as e:
+                if e.status == 404:
+                    return  # no EndpointSlice API to watch: the selector write is all there is
+                raise
+            serving += [
+                svc
+                for sl in slices
+                if (sl.get("metadata", {}).get("labels") or {}).get("kubernetes.io/service-name") == svc
+                for ep in sl.get("endpoints") or []
+                if (ep.get("targetRef") or {}).get("name") == source and (ep.get("conditions") or {}).get("ready")
+            ]
+        if not serving:
+            return
+        time.sleep(ctx.config.poll_s)
+    ctx.event("Warning", "StillServing", f"{source} still listed in {sorted(set(serving))} after {timeout:.0f} s")
 
 
 def undo_selectors(ctx: Ctx) -> str:
@@ -286,7 +353,7 @@ def undo_stop(ctx: Ctx) -> str:
     src = ctx.rec["source_pod"]
     if ctx.api.get(k.pods(ctx.ns, src["metadata"]["name"])) is None:
         ctx.api.create(k.pods(ctx.ns), _pod(src, src["metadata"]["name"], ctx.rec["source"], {}))
-    _wait_ready(ctx, src["metadata"]["name"], ctx.spec["timeouts"]["restoreSeconds"])
+    _wait_ready(ctx, src["metadata"]["name"], ctx.spec["timeouts"]["restoreSeconds"], cancellable=False)
     return f"started {src['metadata']['name']} again on {ctx.rec['source']} (fresh: a cold restart keeps no state)"
 
 
@@ -338,8 +405,18 @@ def undo_package(ctx: Ctx) -> str:
 
 def _pod(src: dict[str, Any], name: str, node: str, images: dict[str, str], migration: str = "") -> dict[str, Any]:
     spec = copy.deepcopy(src["spec"])
-    for key in ("nodeName", "hostname"):
+    # ephemeral containers cannot be set on create; nodeName is set below
+    for key in ("nodeName", "ephemeralContainers"):
         spec.pop(key, None)
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if required:  # terms that pin the pod to its old node by name would make the kubelet refuse the copy
+        for term in required.get("nodeSelectorTerms", []):
+            term["matchExpressions"] = [
+                e for e in term.get("matchExpressions", []) if e.get("key") != "kubernetes.io/hostname"
+            ]
+            term.pop("matchFields", None)
     if "nodeSelector" in spec:  # a selector pinned to the source's hostname would make the kubelet refuse it
         spec["nodeSelector"].pop("kubernetes.io/hostname", None)
     spec["nodeName"] = node
@@ -384,7 +461,7 @@ def undo_restore(ctx: Ctx) -> str:
     return f"deleted pod {ctx.rec['restored']}" if gone else f"pod {ctx.rec['restored']} was not there"
 
 
-def _wait_ready(ctx: Ctx, name: str, timeout: float) -> None:
+def _wait_ready(ctx: Ctx, name: str, timeout: float, cancellable: bool = True) -> None:
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
@@ -400,7 +477,8 @@ def _wait_ready(ctx: Ctx, name: str, timeout: float) -> None:
         if st.get("phase") == "Failed":
             raise PodmigrateError(
                 f"pod {name} failed on {pod['spec'].get('nodeName')}: {st.get('reason')} {st.get('message', '')}",
-                hint="CRI-O's restore log on the node says why (CPU features and CRIU versions must match)",
+                hint="kubectl describe pod; a kubelet admission reason (NodeAffinity, OutOfcpu...) means the node "
+                "does not fit; a restore error is in CRI-O's log (CPU features and CRIU versions must match)",
             )
         for cs in st.get("containerStatuses") or []:
             waiting = (cs.get("state") or {}).get("waiting") or {}
@@ -438,6 +516,8 @@ def cleanup(ctx: Ctx) -> None:
     steps: list[tuple[str, Callable[[], Any]]] = []
     if ctx.spec["mode"] != "cold":
         steps.append(("delete source pod", lambda: ctx.api.delete(k.pods(ctx.ns, ctx.spec["podName"]))))
+    # with the source gone the Services' own selectors pick the copy alone: give them back unpinned
+    steps.append(("restore the Services' selectors", lambda: _set_selectors(ctx, None)))
     if rec.get("references"):
         steps.append(
             (
@@ -509,11 +589,14 @@ def run(ctx: Ctx, stop_after: str | None = None) -> Record:
     rec = ctx.rec
     if rec.get("status") in FINISHED:
         return rec
+    if rec.get("status") == "rolling_back":  # the operator died while it rolled back: finish that
+        ctx.spec = rec.get("spec") or validate_spec(ctx.spec)
+        return _fail(ctx, PodmigrateError(rec.get("error", {}).get("message", "interrupted rollback")), resumed=True)
     rec.setdefault("status", "running")
     rec.setdefault("phases", [])
     rec.setdefault("done", [])
     rec.setdefault("rollbacks", [])
-    me = f"{socket.gethostname()}/{os.getpid()}"
+    me = OWNER
     if not rec["phases"]:
         rec["started"], rec["owner"] = time.time(), me
         ctx.save(phase="Pending", startedAt=_now(), message="accepted")
@@ -525,7 +608,7 @@ def run(ctx: Ctx, stop_after: str | None = None) -> Record:
         )
         rec["owner"] = me
     try:
-        spec = validate_spec(ctx.spec)
+        spec = rec.get("spec") or validate_spec(ctx.spec)
         ctx.spec = spec
         for phase in phases_for(spec["mode"]):
             if phase.name in rec["done"]:
@@ -585,16 +668,25 @@ def _phase_note(rec: Record, name: str) -> str:
     return ""
 
 
-def _fail(ctx: Ctx, e: Exception) -> Record:
+class Transient(PodmigrateError):
+    """A failure before anything changed that a retry may not meet (API or agent briefly unreachable)."""
+
+
+def _fail(ctx: Ctx, e: Exception, resumed: bool = False) -> Record:
     rec = ctx.rec
     err = e if isinstance(e, PodmigrateError) else PodmigrateError(f"{type(e).__name__}: {e}")
     if isinstance(e, SpecError):
         err = PodmigrateError(str(e), hint=getattr(e, "hint", None))
-    rec["error"] = err.to_wire()
-    if rec["phases"] and "ended" not in rec["phases"][-1]:
-        rec["phases"][-1]["ended"] = time.time()
     failed_in = rec.get("phase") or "validate"
-    if isinstance(e, SpecError) or failed_in == "validate":
+    if failed_in == "validate" and not isinstance(e, SpecError) and not resumed:
+        # nothing changed yet and nothing is wrong with the spec: let the operator retry later
+        rec["phases"] = [p for p in rec["phases"] if p["name"] != "validate"]
+        raise Transient(f"validate: {err.message}", hint=err.hint) from e
+    if not resumed:
+        rec["error"] = err.to_wire()
+        if rec["phases"] and "ended" not in rec["phases"][-1]:
+            rec["phases"][-1]["ended"] = time.time()
+    if failed_in == "validate":
         rec["status"] = "failed"
         reason, message = "InvalidSpec", err.message
         _unlock(ctx)
@@ -633,16 +725,21 @@ def run_cleanup_forward(ctx: Ctx, err: PodmigrateError) -> Record:
 
 
 def rollback(ctx: Ctx) -> bool:
+    """Undo every phase that started, newest first, saving after each step: an operator that dies
+    half-way finds ``rolling_back`` and finishes the rollback instead of going forward again."""
     rec = ctx.rec
+    rec["status"] = "rolling_back"
+    _save_quietly(ctx)
     by_name = {p.name: p for p in phases_for(ctx.spec.get("mode", "decoupled"))}
     ok = True
     for entry in reversed(rec["phases"]):
         phase = by_name.get(entry["name"])
         if phase is None or phase.undo is None:
             continue
-        if phase.undo is undo_selectors and any(
-            r["phase"] in ("isolate", "cutover") and r["ok"] for r in rec["rollbacks"]
-        ):
+        undone = {r["phase"] for r in rec["rollbacks"] if r["ok"]}
+        if phase.name in undone:
+            continue  # a resumed rollback: done before the operator died
+        if phase.undo is undo_selectors and undone & {"isolate", "cutover"}:
             continue  # both isolate and cutover undo to the same recorded selectors
         try:
             did = phase.undo(ctx)
@@ -654,8 +751,15 @@ def rollback(ctx: Ctx) -> bool:
                 rec.setdefault("leftovers", []).append(f"{phase.name}: {msg}")
             else:
                 ok = False
+        _save_quietly(ctx)
     _unlock(ctx)
     return ok
+
+
+def _save_quietly(ctx: Ctx) -> None:
+    # the object may be gone (a cancelled migration); the undo itself matters more
+    with contextlib.suppress(PodmigrateError):
+        ctx.save()
 
 
 def _unlock(ctx: Ctx) -> None:

@@ -31,6 +31,8 @@ _DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])
 SPEC_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["podName"],
+    # a migration is a request, not a desired state: changing it mid-way would mix two plans
+    "x-kubernetes-validations": [{"rule": "self == oldSelf", "message": "spec is immutable; create a new migration"}],
     "properties": {
         "podName": {
             "type": "string",
@@ -76,7 +78,9 @@ SPEC_SCHEMA: dict[str, Any] = {
         "registry": {
             "type": "string",
             "maxLength": 255,
-            "pattern": r"^[A-Za-z0-9.-]+(:[0-9]{1,5})?(/[a-z0-9._/-]+)?$",
+            # a host with a dot or a port, or localhost: CRI-O would read "myreg/x" as docker.io/myreg/x
+            "pattern": r"^([A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+(:[0-9]{1,5})?|[A-Za-z0-9.-]+:[0-9]{1,5}|localhost)"
+            r"(/[a-z0-9._/-]+)?$",
             "description": "Registry and repository prefix for checkpoint images, e.g. "
             "registry.example:5000/checkpoints. Absent: the operator's default.",
         },

@@ -32,9 +32,11 @@ _HINTS = {
 class KubeletClient:
     """Standard library only (the agent image stays small)."""
 
-    def __init__(self, url: str, token: str, ca: str | None = None, insecure: bool = False):
+    def __init__(self, url: str, token: str | Path, ca: str | None = None, insecure: bool = False):
+        """``token``: the token, or the file that holds it (read at every call: projected
+        service-account tokens rotate)."""
         self.url = url.rstrip("/")
-        self.token = token
+        self._token = token
         if url.startswith("https"):
             self.ctx: ssl.SSLContext | None = ssl.create_default_context(cafile=ca)
             if insecure:  # kubelets commonly serve self-signed certificates (metrics-server has the same flag)
@@ -45,7 +47,8 @@ class KubeletClient:
 
     def checkpoint(self, namespace: str, pod: str, container: str, timeout: int = 120) -> Path:
         url = f"{self.url}/checkpoint/{namespace}/{pod}/{container}?timeout={timeout}"
-        req = urllib.request.Request(url, method="POST", headers={"Authorization": f"Bearer {self.token}"})
+        token = self._token.read_text().strip() if isinstance(self._token, Path) else self._token
+        req = urllib.request.Request(url, method="POST", headers={"Authorization": f"Bearer {token}"})
         try:
             with urllib.request.urlopen(req, timeout=timeout + 30, context=self.ctx) as resp:
                 body = json.loads(resp.read() or b"{}")

@@ -66,7 +66,7 @@ def kube() -> k.KubeAPI:
 def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> None:
     settings.persistence.finalizer = "podmigrate.io/finalizer"
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per API call drowns the phases
-    settings.posting.level = logging.INFO
+    settings.posting.level = logging.WARNING  # the controller posts its own Events; no second copy of logs
     settings.watching.connect_timeout = 10
     settings.watching.server_timeout = 300
     port = int(os.environ.get("PODMIGRATE_METRICS_PORT", "8080"))
@@ -104,9 +104,9 @@ def session(
             yield None
             return
         status = live.get("status") or {}
-        ctx = controller.Ctx(
-            api, agents, cfg, namespace, name, dict(live.get("spec") or {}), dict(status.get("record") or {}), event
-        )
+        rec = dict(status.get("record") or {})
+        spec = rec.get("spec") or dict(live.get("spec") or {})
+        ctx = controller.Ctx(api, agents, cfg, namespace, name, spec, rec, event)
         if on_phase:
             ctx.on_phase = on_phase
         yield ctx
@@ -130,10 +130,13 @@ def reconcile(body: kopf.Body, namespace: str | None, name: str, logger: kopf.Lo
             return  # never run a finished migration again (a restart must not repeat a move)
         RUNNING.inc()
         try:
-            if "validate" not in ctx.rec.get("done", []):
-                with _validate_lock:  # two migrations of one pod must not both take its lock
-                    controller.run(ctx, stop_after="validate")
-            rec = controller.run(ctx)
+            try:
+                if "validate" not in ctx.rec.get("done", []):
+                    with _validate_lock:  # two migrations of one pod must not both take its lock
+                        controller.run(ctx, stop_after="validate")
+                rec = controller.run(ctx)
+            except controller.Transient as e:
+                raise kopf.TemporaryError(str(e), delay=15) from e
         finally:
             RUNNING.dec()
         MIGRATIONS.labels(rec.get("status", "unknown"), mode).inc()
@@ -150,4 +153,6 @@ def on_delete(namespace: str | None, name: str, status: kopf.Status, logger: kop
         if ctx is None or ctx.rec.get("status") in controller.FINISHED:
             return
         ok = controller.rollback(ctx)
-        logger.info(f"deleted while running: rolled back ({'ok' if ok else 'with failures'})")
+        if not ok:  # keep the finalizer (and the record) until the rollback succeeds
+            raise kopf.TemporaryError("deleted while running: the rollback failed; retrying", delay=30)
+        logger.info("deleted while running: rolled back")
