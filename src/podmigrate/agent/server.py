@@ -256,7 +256,11 @@ def node_app(app: App) -> None:
         if b.get("image"):
             b["image_pulled"] = rt.ensure_image(b["image"])
         pages = pages_dir(p["cid"])
-        criu: tuple[str, ...] = ()
+        # auto-dedup: CRIU punches each page out of the images once it is restored, so the page cache
+        # the images fill is freed while the heap fills up and its (already touched) memory is reused,
+        # instead of a second heap's worth of fresh memory (seconds per GB on a VM). Only here, on the
+        # target: the source's own copy, which a rollback restores from, is never punched.
+        criu: tuple[str, ...] = ("auto-dedup",)
         with busy(p["cid"]):
             if pages.is_dir():
                 # the page server wrote the memory pages here; the rest of the images come in the archive
@@ -267,7 +271,7 @@ def node_app(app: App) -> None:
                 )
                 if untar.returncode:
                     raise RuntimeBackendError(f"unpacking checkpoint {p['cid']} failed: {untar.stderr.strip()}")
-                criu = (f"images-dir={pages}",)
+                criu += (f"images-dir={pages}",)
             res = rt.restore_archive(archive(p["cid"]), tcp_established=b.get("tcp_established", True), criu=criu)
         return {**res, "image_pulled": b.get("image_pulled", False)}
 

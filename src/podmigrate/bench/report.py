@@ -56,19 +56,20 @@ def _plots(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    made = []
+    made: list[Path] = []
     groups = sorted({r["group"] for r in rows})
-    data = [[r["blackout_s"] for r in rows if r["group"] == g and not r["warmup"]] for g in groups]
-    fig, ax = plt.subplots(figsize=(8, 4))
-    ax.boxplot(data, tick_labels=groups, showfliers=False)
-    for i, d in enumerate(data, start=1):
-        ax.scatter([i] * len(d), d, s=10, alpha=0.6)
-    ax.set_ylabel("blackout (s)")
-    ax.set_title("Blackout per mode (each dot one migration)")
-    fig.tight_layout()
-    made.append(out_dir / "blackout-by-mode.png")
-    fig.savefig(made[-1], dpi=110)
-    plt.close(fig)
+    if groups:  # an engine benchmark or sweep alone has no suite groups
+        data = [[r["blackout_s"] for r in rows if r["group"] == g and not r["warmup"]] for g in groups]
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ax.boxplot(data, tick_labels=groups, showfliers=False)
+        for i, d in enumerate(data, start=1):
+            ax.scatter([i] * len(d), d, s=10, alpha=0.6)
+        ax.set_ylabel("blackout (s)")
+        ax.set_title("Blackout per mode (each dot one migration)")
+        fig.tight_layout()
+        made.append(out_dir / "blackout-by-mode.png")
+        fig.savefig(made[-1], dpi=110)
+        plt.close(fig)
 
     phase_groups = [g for g in groups if g != "cold"]
     if phase_groups:
@@ -232,7 +233,7 @@ def build(out_dir: Path) -> dict[str, Any]:
         "study_tables": study_tables(measured, desc, at_cut, tests, engine),
     }
     (out_dir / "report.json").write_text(json.dumps(result, indent=2))
-    plots = _plots(rows, out_dir) if rows else []
+    plots = _plots(rows, out_dir)
     md = markdown(result, plots)
     (out_dir / "report.md").write_text(md)
     (out_dir / "report.html").write_text(html(md, plots))
@@ -466,7 +467,7 @@ def markdown(r: dict[str, Any], plots: list[Path]) -> str:
         f"- heap digest mismatches: {q['heap_digest_mismatches']}",
         f"- counter went backwards (stop-copy/lazy, where it must not): "
         f"{q['counter_went_backwards_outside_cold_or_decoupled']}",
-        f"- prober's worst scheduling error: {q['prober_schedule_error_max_s']} s",
+        f"- prober's worst scheduling error: {_g(q['prober_schedule_error_max_s'])} s",
         "",
     ]
     lines += [f"![{p.stem}]({p.name})" for p in plots]
