@@ -155,37 +155,3 @@ def test_a_slow_answer_before_the_run_does_not_shrink_it():
     b = blackout(recs, 100.0, 101.0)
     # up until the first failure was sent (100.04), back at the answer of probe 5 (100.105)
     assert b["blackout_s"] == pytest.approx(0.065)
-
-
-def test_pagemap_pages_are_counted_by_kind(tmp_path):
-    import io
-    import struct
-    import tarfile
-
-    from podmigrate.runtime import criu_images as ci
-
-    def varint(n: int) -> bytes:
-        out = b""
-        while True:
-            b, n = n & 0x7F, n >> 7
-            out += bytes([b | (0x80 if n else 0)])
-            if not n:
-                return out
-
-    def entry(fields: dict[int, int]) -> bytes:
-        msg = b"".join(varint(k << 3) + varint(v) for k, v in fields.items())
-        return struct.pack("<I", len(msg)) + msg
-
-    img = struct.pack("<II", ci.IMG_COMMON_MAGIC, ci.PAGEMAP_MAGIC) + entry({1: 1})  # head: pages_id
-    img += entry({1: 0x7F0000000000, 2: 262144, 4: ci.PE_LAZY | ci.PE_PRESENT})  # a 1 GiB heap, lazy
-    img += entry({1: 0x400000, 2: 3, 4: ci.PE_PRESENT}) + entry({1: 0x500000, 2: 2, 3: 1, 4: ci.PE_PARENT})
-    assert ci.pagemap_pages(img) == {"lazy": 262144, "present": 3, "parent": 2}
-    with pytest.raises(ValueError, match="not a CRIU pagemap image"):
-        ci.pagemap_pages(struct.pack("<II", ci.IMG_COMMON_MAGIC, 0x55053847) + b"\0" * 8)
-    archive = tmp_path / "ck.tar"
-    with tarfile.open(archive, "w") as tar:
-        for name in ("checkpoint/pagemap-1.img", "checkpoint/pagemap-7.img"):
-            info = tarfile.TarInfo(name)
-            info.size = len(img)
-            tar.addfile(info, io.BytesIO(img))
-    assert ci.archive_pages(archive)["lazy"] == 2 * 262144

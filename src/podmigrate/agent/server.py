@@ -10,6 +10,7 @@ shape of ``podmigrate.errors``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hmac
 import json
 import os
@@ -33,8 +34,7 @@ from podmigrate import layout
 from podmigrate.agent.probe import KeepAlive, Probe
 from podmigrate.errors import AgentError, PodmigrateError, RuntimeBackendError, UsageError
 from podmigrate.routing.route import RouteRouter
-from podmigrate.runtime import criu_images
-from podmigrate.runtime.podman import Podman, lazy_dump_stats
+from podmigrate.runtime.podman import Podman
 from podmigrate.transport import registry, stream
 
 Handler = Callable[[dict[str, str], dict[str, Any]], Any]
@@ -347,7 +347,6 @@ def node_app(app: App) -> None:
         if b.get("image"):
             rt.ensure_image(b["image"])
         with busy(cid):
-            lazy_bytes = criu_images.archive_pages(archive(cid))["lazy"] * criu_images.PAGE
             res, daemon = rt.lazy_restore(
                 archive(cid),
                 pages_dir(cid),
@@ -357,7 +356,7 @@ def node_app(app: App) -> None:
                 tcp_established=b.get("tcp_established", True),
             )
         jobs[f"dst-{cid}"] = daemon
-        return {**res, "lazy_bytes": lazy_bytes}
+        return res
 
     lazy_stats: dict[str, dict[str, Any]] = {}
 
@@ -368,9 +367,16 @@ def node_app(app: App) -> None:
             job = jobs.get(f"{role}-{p['cid']}")
             if job is not None:
                 out[role] = {"running": job.poll() is None, "rc": job.returncode}
+        # bytes this node sent on its LAN link: across a post-copy, the pages its dump served
+        # (/proc/net/dev, not /sys/class/net: sysfs shows the netns of whoever mounted it)
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            line = next(
+                ln for ln in Path("/proc/self/net/dev").read_text().splitlines() if ln.strip().startswith("eth0:")
+            )
+            out["lan_tx_bytes"] = int(line.split(":", 1)[1].split()[8])
         if "src" in out and not out["src"]["running"]:
             if p["cid"] not in lazy_stats:
-                lazy_stats[p["cid"]] = lazy_dump_stats(jobs[f"src-{p['cid']}"])
+                lazy_stats[p["cid"]] = rt.lazy_dump_stats(jobs[f"src-{p['cid']}"])
             out["src"]["stats"] = lazy_stats[p["cid"]]
         return out
 

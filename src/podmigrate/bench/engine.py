@@ -34,6 +34,7 @@ METHODS: list[tuple[str, str, str, str]] = [
     ("stop-copy/registry+zstd", "stop-copy", "registry", "zstd"),
     ("stop-copy/registry+gzip", "stop-copy", "registry", "gzip"),
     ("decoupled/stream", "decoupled", "stream", "none"),
+    ("lazy (post-copy)", "lazy", "stream", "none"),
     ("decoupled/registry", "decoupled", "registry", "none"),
     ("podman archive (export/copy/import)", "stop-copy", "archive", "none"),
     ("podman-image (create-image/push/pull)", "podman-image", "", ""),

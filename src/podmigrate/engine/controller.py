@@ -360,14 +360,15 @@ def undo_lazy_checkpoint(lab: Lab, rec: Record, agent: Callable[[str], AgentClie
 
 def lazy_restore(ctx: Ctx) -> None:
     rec = ctx.rec
+    # from now on what leaves the source on its LAN link is the pages the copy pulls (and a few probe
+    # answers): lazy dumps have no page counts of their own (CRIU 4.2's stats-dump is empty for them)
+    rec["lazy"]["lan_tx_before"] = ctx.agent(rec["source"]).get(f"/v1/checkpoints/{rec['id']}/lazy").get("lan_tx_bytes")
     res = ctx.agent(rec["target"]).post(
         f"/v1/checkpoints/{rec['id']}/restore-lazy",
         {**rec["lazy"], "image": rec["image"], "tcp_established": rec["plan"]["tcp_established"]},
     )
     rec["criu"]["restore"] = res["stats"]
     rec["restored_at"] = res["ended"]
-    # what the copy will pull from the source's page server, from the dump's own pagemap
-    rec.setdefault("bytes", {})["pages"] = res.get("lazy_bytes", 0)
 
 
 def lazy_pages(ctx: Ctx) -> None:
@@ -375,12 +376,17 @@ def lazy_pages(ctx: Ctx) -> None:
     rec = ctx.rec
     deadline = time.monotonic() + 1800
     while time.monotonic() < deadline:
-        src = ctx.agent(rec["source"]).get(f"/v1/checkpoints/{rec['id']}/lazy").get("src", {})
+        status = ctx.agent(rec["source"]).get(f"/v1/checkpoints/{rec['id']}/lazy")
+        src = status.get("src", {})
         dst = ctx.agent(rec["target"]).get(f"/v1/checkpoints/{rec['id']}/lazy").get("dst", {})
         if not src.get("running") and not dst.get("running"):
             rec["lazy"].update(source_rc=src.get("rc"), daemon_rc=dst.get("rc"), all_pages_at=time.time())
-            if src.get("stats"):
-                rec.setdefault("criu", {})["dump"] = src["stats"]
+            stats = src.get("stats") or {}
+            if stats:
+                rec.setdefault("criu", {})["dump"] = stats
+            before, after = rec["lazy"].get("lan_tx_before"), status.get("lan_tx_bytes")
+            if before is not None and after is not None:
+                rec.setdefault("bytes", {})["pages"] = after - before
             return
         time.sleep(0.1)
     raise PodmigrateError("the lazy page transfer did not finish within 30 minutes")

@@ -402,6 +402,12 @@ class Podman:
         os.chmod(archive, 0o600)
         return proc
 
+    def lazy_dump_stats(self, proc: subprocess.Popen[str]) -> dict[str, Any]:
+        """Podman's statistics of a finished lazy dump (``lazy_checkpoint``'s process). CRIU 4.2 counts
+        no pages for a lazy dump; the bytes the copy pulled are measured on the LAN link instead."""
+        out, _ = proc.communicate(timeout=10)
+        return _stats(out or "")
+
     def _network_status(self, name: str) -> dict[str, Any]:
         """The network.status podman writes into an export (netavark's status block), from inspect."""
         nets = json.loads(self._run("inspect", "-f", "{{json .NetworkSettings.Networks}}", name).stdout or "{}")
@@ -598,12 +604,6 @@ def file_tail(path: Path, lines: int = 20) -> list[str]:
         return path.read_text(errors="replace").splitlines()[-lines:]
     except OSError:
         return []
-
-
-def lazy_dump_stats(proc: subprocess.Popen[str]) -> dict[str, Any]:
-    """CRIU's statistics of a finished lazy dump (``lazy_checkpoint``'s process)."""
-    out, _ = proc.communicate(timeout=10)
-    return _stats(out or "")
 
 
 def _stats(stdout: str) -> dict[str, Any]:
