@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import hmac
 import json
+import mmap
 import os
 import re
 import shutil
@@ -261,6 +262,7 @@ def node_app(app: App) -> None:
         # instead of a second heap's worth of fresh memory (seconds per GB on a VM). Only here, on the
         # target: the source's own copy, which a rollback restores from, is never punched.
         criu: tuple[str, ...] = ("auto-dedup",)
+        release(p["cid"])  # right before the restore: its pages are backed and reused
         with busy(p["cid"]):
             if pages.is_dir():
                 # the page server wrote the memory pages here; the rest of the images come in the archive
@@ -406,6 +408,43 @@ def node_app(app: App) -> None:
     @app.route("GET", "/v1/containers/(?P<name>[^/]+)/spec")
     def spec(p: dict[str, str], b: dict[str, Any]) -> Any:
         return rt.spec(p["name"])
+
+    @app.route("GET", "/v1/containers/(?P<name>[^/]+)/memory")
+    def memory(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {"rss_bytes": rt.rss(p["name"])}
+
+    # Memory made ready for an incoming restore. On a VM, the first touch of guest memory the
+    # hypervisor has not backed yet (or took back: free page reporting) costs seconds per GB, and a
+    # restore writes a whole heap into fresh pages. Touching that much memory before the source
+    # freezes, and freeing it just before the restore, lets the restore reuse backed pages.
+    reserved: dict[str, mmap.mmap] = {}
+    reserve_guard = threading.Lock()
+
+    def release(cid: str) -> bool:
+        with reserve_guard:
+            m = reserved.pop(cid, None)
+        if m is not None:
+            m.close()
+        return m is not None
+
+    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/reserve-memory")
+    def reserve_memory(p: dict[str, str], b: dict[str, Any]) -> Any:
+        cid, n = _safe_id(p["cid"]), int(b["bytes"])
+        if n <= 0 or n > os.sysconf("SC_PHYS_PAGES") * mmap.PAGESIZE // 2:
+            raise UsageError(f"will not reserve {n} bytes: at most half of this machine's memory")
+        t0 = time.time()
+        release(cid)
+        m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        m[:: mmap.PAGESIZE] = bytes(len(range(0, n, mmap.PAGESIZE)))
+        with reserve_guard:
+            reserved[cid] = m
+        # never held for long: a controller that died must not pin the memory
+        threading.Timer(float(b.get("hold_s", 120)), release, args=(cid,)).start()
+        return {"bytes": n, "seconds": round(time.time() - t0, 3)}
+
+    @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/release-memory")
+    def release_memory(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {"released": release(_safe_id(p["cid"]))}
 
     @app.route("POST", "/v1/containers/(?P<name>[^/]+)/stop")
     def stop(p: dict[str, str], b: dict[str, Any]) -> Any:

@@ -161,6 +161,14 @@ def validate(ctx: Ctx) -> None:
         rec["spec"] = ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/spec")
     # The target needs the container's base image; fetching it now keeps it out of the blackout.
     rec["target_image"] = ctx.agent(rec["target"]).post("/v1/images", {"image": c["image"]})
+    if rec["mode"] in ("stop-copy", "decoupled") and rec.get("scope") != "pod":
+        # warm the target's memory for the restore now, outside the blackout (see the agent's
+        # reserve-memory); small containers are not worth it
+        rss = ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/memory")["rss_bytes"]
+        if rss >= 64 << 20:
+            rec["target_memory"] = ctx.agent(rec["target"]).post(
+                f"/v1/checkpoints/{rec['id']}/reserve-memory", {"bytes": rss}
+            )
     port, path = loc.port, loc.probe_path or "/healthz"
     path_or_none: str | None = path
     if rec["plan"].get("probe"):
@@ -533,6 +541,7 @@ def finish_probe(ctx: Ctx) -> None:
 
 
 def cleanup(ctx: Ctx) -> None:
+    release_target_memory(ctx.rec, ctx.agent)
     rec = ctx.rec
     warnings: list[str] = []
     steps: tuple[tuple[str, Callable[[], object]], ...] = (
@@ -762,7 +771,15 @@ def rollback(lab: Lab, rec: Record, agent: Callable[[str], AgentClient], report:
                 rec.setdefault("leftovers", []).append({"phase": phase.name, "error": str(e)})
             else:
                 failures += 1
+    release_target_memory(rec, agent)
     rec["status"] = "failed" if failures else "rolled_back"
+
+
+def release_target_memory(rec: Record, agent: Callable[[str], AgentClient]) -> None:
+    """Memory warmed for a restore that will not come (the agent also lets it go by itself)."""
+    if rec.get("target_memory"):
+        with contextlib.suppress(PodmigrateError):
+            agent(rec["target"]).post(f"/v1/checkpoints/{rec['id']}/release-memory")
 
 
 def _undo_with_retry(

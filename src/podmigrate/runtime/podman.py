@@ -7,6 +7,7 @@ reported with the tail of CRIU's log, which podman only names.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -170,6 +171,20 @@ class Podman:
             "network": nets[0] if nets else "mig",
             "ip": info["ips"][0] if info["ips"] else "",
         }
+
+    def rss(self, name: str) -> int:
+        """Resident memory of every process of the container (what a restore will have to write)."""
+        pid = int(self._run("inspect", "-f", "{{.State.Pid}}", name).stdout.strip() or 0)
+        if pid <= 0:
+            return 0
+        ns, total = os.readlink(f"/proc/{pid}/ns/pid"), 0
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError, ValueError, StopIteration):
+                    if os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                        status = Path(f"/proc/{entry}/status").read_text().splitlines()
+                        total += int(next(x for x in status if x.startswith("VmRSS:")).split()[1]) * 1024
+        return total
 
     def stop(self, name: str, timeout: float = 2) -> None:
         self._run("stop", "-t", str(int(timeout)), name, what=f"stopping {name}")
