@@ -147,6 +147,21 @@ def node_app(app: App) -> None:
     def pages_dir(cid: str) -> Path:
         return ckdir / f"{_safe_id(cid)}.pages"
 
+    # Memory made ready for an incoming restore. On a VM, the first touch of guest memory the
+    # hypervisor has not backed yet (or took back: free page reporting) costs seconds per GB, and a
+    # restore writes a whole heap into fresh pages. Touching that much memory before the source
+    # freezes, and freeing it as the checkpoint's bytes start to arrive (page server, pull, upload)
+    # lets their page cache, and then the restore (auto-dedup recycles that cache), reuse backed pages.
+    reserved: dict[str, mmap.mmap] = {}
+    reserve_guard = threading.Lock()
+
+    def release(cid: str) -> bool:
+        with reserve_guard:
+            m = reserved.pop(cid, None)
+        if m is not None:
+            m.close()
+        return m is not None
+
     @app.route("GET", "/v1/info")
     def info(p: dict[str, str], b: dict[str, Any]) -> Any:
         free = shutil.disk_usage(ckdir)
@@ -262,7 +277,7 @@ def node_app(app: App) -> None:
         # instead of a second heap's worth of fresh memory (seconds per GB on a VM). Only here, on the
         # target: the source's own copy, which a rollback restores from, is never punched.
         criu: tuple[str, ...] = ("auto-dedup",)
-        release(p["cid"])  # right before the restore: its pages are backed and reused
+        release(p["cid"])  # if nothing released it yet
         with busy(p["cid"]):
             if pages.is_dir():
                 # the page server wrote the memory pages here; the rest of the images come in the archive
@@ -286,11 +301,13 @@ def node_app(app: App) -> None:
 
     @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/pull")
     def pull(p: dict[str, str], b: dict[str, Any]) -> Any:
+        release(p["cid"])
         with busy(p["cid"]):
             return registry.pull_checkpoint(b["reference"], archive(p["cid"]))
 
     @app.route("PUT", "/v1/checkpoints/(?P<cid>[^/]+)")
     def upload(p: dict[str, str], b: dict[str, Any]) -> Any:
+        release(p["cid"])
         if "stream" not in b:
             raise UsageError("a checkpoint upload needs Content-Type: application/octet-stream")
         with busy(p["cid"]):
@@ -320,6 +337,7 @@ def node_app(app: App) -> None:
     @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/page-server")
     def page_server(p: dict[str, str], b: dict[str, Any]) -> Any:
         """Start a CRIU page server that receives the memory pages of checkpoint ``cid``."""
+        release(p["cid"])
         port = free_port()  # the page server takes it right after
         jobs[f"ps-{p['cid']}"] = rt.page_server(pages_dir(p["cid"]), layout.node_ip(app.name), port)
         return {"address": layout.node_ip(app.name), "port": port}
@@ -412,20 +430,6 @@ def node_app(app: App) -> None:
     @app.route("GET", "/v1/containers/(?P<name>[^/]+)/memory")
     def memory(p: dict[str, str], b: dict[str, Any]) -> Any:
         return {"rss_bytes": rt.rss(p["name"])}
-
-    # Memory made ready for an incoming restore. On a VM, the first touch of guest memory the
-    # hypervisor has not backed yet (or took back: free page reporting) costs seconds per GB, and a
-    # restore writes a whole heap into fresh pages. Touching that much memory before the source
-    # freezes, and freeing it just before the restore, lets the restore reuse backed pages.
-    reserved: dict[str, mmap.mmap] = {}
-    reserve_guard = threading.Lock()
-
-    def release(cid: str) -> bool:
-        with reserve_guard:
-            m = reserved.pop(cid, None)
-        if m is not None:
-            m.close()
-        return m is not None
 
     @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/reserve-memory")
     def reserve_memory(p: dict[str, str], b: dict[str, Any]) -> Any:
