@@ -234,6 +234,7 @@ def test_decoupled_migration_moves_the_pod_with_its_memory_there_and_back(cluste
     assert c.api.get(k.pods(NS, "heapsrv")) is None
     assert c.archives("node-a") == [] and not any(c.registry.has(i) for i in images.values())
     assert set(st["phaseTimings"]) == {"validate", "checkpoint", "package", "restore", "cutover", "cleanup"}
+    assert {c["type"]: c["status"] for c in st["conditions"]} == {"Progressing": "False", "Succeeded": "True"}
     assert st["bytes"] > 2 << 20 and st["blackoutSeconds"] == 0 and st["driftSeconds"] > 0
     reasons = [r for r, _ in c.events()]
     for r in ("Validate", "Checkpoint", "Package", "Restore", "Cutover", "Cleanup", "Completed"):

@@ -618,7 +618,11 @@ def run(ctx: Ctx, stop_after: str | None = None) -> Record:
             entry: dict[str, Any] = {"name": phase.name, "started": time.time()}
             rec["phases"] = [p for p in rec["phases"] if p["name"] != phase.name] + [entry]
             rec["phase"] = phase.name
-            ctx.save(phase=PUBLIC_PHASE[phase.name], message=f"{phase.name} running")
+            ctx.save(
+                phase=PUBLIC_PHASE[phase.name],
+                message=f"{phase.name} running",
+                conditions=[_condition("Progressing", True, phase.name.capitalize(), f"{phase.name} running")],
+            )
             phase.do(ctx)
             entry["ended"] = time.time()
             rec["done"].append(phase.name)
@@ -655,7 +659,10 @@ def run(ctx: Ctx, stop_after: str | None = None) -> Record:
         driftSeconds=round(drift, 3),
         bytes=int(rec.get("bytes", 0)),
         completedAt=_now(),
-        conditions=[_condition("Succeeded", True, "Completed", msg)],
+        conditions=[
+            _condition("Progressing", False, "Completed", msg),
+            _condition("Succeeded", True, "Completed", msg),
+        ],
     )
     return rec
 
@@ -712,7 +719,7 @@ def _fail(ctx: Ctx, e: Exception, resumed: bool = False) -> Record:
         message=message,
         phaseTimings=_timings(rec),
         completedAt=_now(),
-        conditions=[_condition("Succeeded", False, reason, message)],
+        conditions=[_condition("Progressing", False, reason, message), _condition("Succeeded", False, reason, message)],
     )
     return rec
 
