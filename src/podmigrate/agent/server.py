@@ -378,8 +378,6 @@ def node_app(app: App) -> None:
         jobs[f"dst-{cid}"] = daemon
         return res
 
-    lazy_stats: dict[str, dict[str, Any]] = {}
-
     @app.route("GET", "/v1/checkpoints/(?P<cid>[^/]+)/lazy")
     def lazy_status(p: dict[str, str], b: dict[str, Any]) -> Any:
         out: dict[str, Any] = {}
@@ -394,10 +392,6 @@ def node_app(app: App) -> None:
                 ln for ln in Path("/proc/self/net/dev").read_text().splitlines() if ln.strip().startswith("eth0:")
             )
             out["lan_tx_bytes"] = int(line.split(":", 1)[1].split()[8])
-        if "src" in out and not out["src"]["running"]:
-            if p["cid"] not in lazy_stats:
-                lazy_stats[p["cid"]] = rt.lazy_dump_stats(jobs[f"src-{p['cid']}"])
-            out["src"]["stats"] = lazy_stats[p["cid"]]
         return out
 
     @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/abort-lazy")
@@ -439,7 +433,7 @@ def node_app(app: App) -> None:
         t0 = time.time()
         release(cid)
         m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-        m[:: mmap.PAGESIZE] = bytes(len(range(0, n, mmap.PAGESIZE)))
+        m[:: mmap.PAGESIZE] = bytes(-(-n // mmap.PAGESIZE))  # one write per page backs it
         with reserve_guard:
             reserved[cid] = m
         # never held for long: a controller that died must not pin the memory

@@ -389,9 +389,6 @@ def lazy_pages(ctx: Ctx) -> None:
         dst = ctx.agent(rec["target"]).get(f"/v1/checkpoints/{rec['id']}/lazy").get("dst", {})
         if not src.get("running") and not dst.get("running"):
             rec["lazy"].update(source_rc=src.get("rc"), daemon_rc=dst.get("rc"), all_pages_at=time.time())
-            stats = src.get("stats") or {}
-            if stats:
-                rec.setdefault("criu", {})["dump"] = stats
             before, after = rec["lazy"].get("lan_tx_before"), status.get("lan_tx_bytes")
             if before is not None and after is not None:
                 rec.setdefault("bytes", {})["pages"] = after - before

@@ -172,18 +172,26 @@ class Podman:
             "ip": info["ips"][0] if info["ips"] else "",
         }
 
-    def rss(self, name: str) -> int:
-        """Resident memory of every process of the container (what a restore will have to write)."""
+    def _tasks(self, name: str) -> list[int]:
+        """Every process in the container's PID namespace (empty when it has none)."""
         pid = int(self._run("inspect", "-f", "{{.State.Pid}}", name).stdout.strip() or 0)
         if pid <= 0:
-            return 0
-        ns, total = os.readlink(f"/proc/{pid}/ns/pid"), 0
+            return []
+        ns, tasks = os.readlink(f"/proc/{pid}/ns/pid"), []
         for entry in os.listdir("/proc"):
             if entry.isdigit():
-                with contextlib.suppress(OSError, ValueError, StopIteration):
+                with contextlib.suppress(OSError):
                     if os.readlink(f"/proc/{entry}/ns/pid") == ns:
-                        status = Path(f"/proc/{entry}/status").read_text().splitlines()
-                        total += int(next(x for x in status if x.startswith("VmRSS:")).split()[1]) * 1024
+                        tasks.append(int(entry))
+        return tasks
+
+    def rss(self, name: str) -> int:
+        """Resident memory of every process of the container (what a restore will have to write)."""
+        total = 0
+        for task in self._tasks(name):
+            with contextlib.suppress(OSError, ValueError, StopIteration):
+                status = Path(f"/proc/{task}/status").read_text().splitlines()
+                total += int(next(x for x in status if x.startswith("VmRSS:")).split()[1]) * 1024
         return total
 
     def stop(self, name: str, timeout: float = 2) -> None:
@@ -371,7 +379,6 @@ class Podman:
             "--compress",
             "none",
             "--keep",
-            "--print-stats",  # printed when the last page has been served: how many moved lazily
             name,
         ]
         if tcp_established:
@@ -416,12 +423,6 @@ class Podman:
             raise RuntimeBackendError(f"packing the lazy checkpoint of {name} failed: {p.stderr.strip()}")
         os.chmod(archive, 0o600)
         return proc
-
-    def lazy_dump_stats(self, proc: subprocess.Popen[str]) -> dict[str, Any]:
-        """Podman's statistics of a finished lazy dump (``lazy_checkpoint``'s process). CRIU 4.2 counts
-        no pages for a lazy dump; the bytes the copy pulled are measured on the LAN link instead."""
-        out, _ = proc.communicate(timeout=10)
-        return _stats(out or "")
 
     def _network_status(self, name: str) -> dict[str, Any]:
         """The network.status podman writes into an export (netavark's status block), from inspect."""
@@ -531,19 +532,15 @@ class Podman:
     def resume(self, name: str) -> dict[str, Any]:
         """Wake a container that a dump left stopped (CRIU ``leave-stopped``): SIGCONT every task in
         its PID namespace and drop the network lock CRIU left in its network namespace."""
-        pid = int(self._run("inspect", "-f", "{{.State.Pid}}", name).stdout.strip() or 0)
-        if pid <= 0:
+        tasks = self._tasks(name)
+        if not tasks:
             raise RuntimeBackendError(f"{name} on {self.node} has no process to resume")
-        ns = os.readlink(f"/proc/{pid}/ns/pid")
+        pid = tasks[0]  # any of them: they share the container's network namespace
         woken = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    if os.readlink(f"/proc/{entry}/ns/pid") == ns:
-                        os.kill(int(entry), signal.SIGCONT)
-                        woken.append(int(entry))
-                except OSError:
-                    pass
+        for task in tasks:
+            with contextlib.suppress(OSError):
+                os.kill(task, signal.SIGCONT)
+                woken.append(task)
         # CRIU locks the network with iptables (a CRIU chain jumped to from INPUT and OUTPUT) or with
         # an nft table named CRIU-*, depending on its build; undo whichever is there
         unlocked = []
