@@ -98,14 +98,39 @@ def lab() -> None:
 
 @lab.command("up")
 @click.option("--nodes", default=2, show_default=True, type=click.IntRange(1, 20), help="Number of nodes.")
+@click.option(
+    "--router",
+    type=click.Choice(["route", "nft"]),
+    help="How service addresses are switched: a /32 route (the default), or an nftables map that can "
+    "drain open connections. Given on a running lab, it switches without a gap.",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def lab_up(ctx: click.Context, nodes: int, as_json: bool) -> None:
+def lab_up(ctx: click.Context, nodes: int, router: str | None, as_json: bool) -> None:
     """Build the node image if needed and start the lab (idempotent)."""
     the_lab = get_lab(ctx)
     with status(f"Lab {the_lab.name!r} up") as report:
-        st = the_lab.up(nodes=nodes, report=report)
+        st = the_lab.up(nodes=nodes, report=report, router=router)
     emit(st, as_json, render_status)
+
+
+@lab.command("router")
+@click.argument("name", required=False, type=click.Choice(["route", "nft"]))
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def lab_router(ctx: click.Context, name: str | None, as_json: bool) -> None:
+    """Show the LAN's router and the service addresses it holds, or switch to NAME."""
+    the_lab = get_lab(ctx)
+    res = the_lab.set_router(name) if name else the_lab.router()
+
+    def render(r: dict[str, Any]) -> None:
+        t = Table("service address", "node", "draining")
+        for s in r["services"]:
+            t.add_row(str(s["dst"]), str(s["via"]), "yes" if s.get("draining") else "-")
+        out.print(f"router [bold]{r['name']}[/bold]")
+        out.print(t)
+
+    emit(res, as_json, render)
 
 
 @lab.command("down")
@@ -135,7 +160,7 @@ def render_status(st: dict[str, Any]) -> None:
         return
     out.print(
         f"lab [bold]{st['name']}[/bold] up (pid {st['pid']}), registry {st['registry']}, "
-        f"LAN agent {st['lan'].get('agent')}"
+        f"LAN agent {st['lan'].get('agent')}, router {st['lan'].get('router', '-')}"
     )
     t = Table("node", "address", "pods range", "agent", "CRIU", "containers")
     for n in st["nodes"]:
@@ -253,6 +278,14 @@ def render_state(st: dict[str, Any]) -> None:
     "severs their loopback connections with it (the study's single-container finding). Default: all.",
 )
 @click.option(
+    "--drain-timeout",
+    default=2.0,
+    show_default=True,
+    type=click.FloatRange(0, 600),
+    help="Decoupled, on a lab with the nft router: how long connections open at the cutover may finish on "
+    "the source before it is retired.",
+)
+@click.option(
     "--probe",
     help="How to probe the service: http:PORT/PATH or tcp:PORT (default: from the container's podmigrate.* labels).",
 )
@@ -267,6 +300,7 @@ def migrate(
     compression: str,
     no_tcp_established: bool,
     only: tuple[str, ...],
+    drain_timeout: float,
     probe: str | None,
     as_json: bool,
 ) -> None:
@@ -283,6 +317,7 @@ def migrate(
         tcp_established=not no_tcp_established,
         only=only,
         probe=probe,
+        drain_timeout=drain_timeout,
     )
     with status(f"Migrating {name} to {target} ({mode}, {transport})") as report:
         rec = run_migration(get_lab(ctx), plan, report)
@@ -304,6 +339,13 @@ def render_migration(rec: dict[str, Any]) -> None:
     if rec.get("drift"):
         line += f"; drift {rec['drift']['counter']} ticks ({rec['drift']['since_checkpoint_s']:.2f} s since checkpoint)"
     out.print(line + f"; moved {rec['bytes_moved'] / 2**20:.1f} MiB; state {rec.get('state', 'not checked')}")
+    cut = rec.get("cutover") or {}
+    if cut:
+        drained = "".join(
+            f"; {d['addr']} drained in {d['drained_s']:.3f} s" + (f" ({d['open']} cut off)" if d["forced"] else "")
+            for d in cut.get("drain", [])
+        )
+        out.print(f"cutover: {cut.get('router')} switch {cut.get('switch_s', 0) * 1000:.1f} ms{drained}")
     for w in rec.get("warnings") or []:
         err.print(f"[yellow]warning:[/] {w}")
     if rec.get("checks"):

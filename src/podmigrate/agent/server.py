@@ -31,10 +31,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from podmigrate import layout
+from podmigrate import layout, routing
 from podmigrate.agent.probe import KeepAlive, Probe
 from podmigrate.errors import AgentError, PodmigrateError, RuntimeBackendError, UsageError
-from podmigrate.routing.route import RouteRouter
+from podmigrate.routing import Router
 from podmigrate.runtime.podman import Podman
 from podmigrate.transport import registry, stream
 
@@ -498,8 +498,10 @@ def node_app(app: App) -> None:
         return {"deleted": registry.delete_checkpoint(b["reference"])}
 
 
-def lan_app(app: App) -> None:
-    router = RouteRouter()
+def lan_app(app: App, router_file: str | None = None) -> None:
+    # the router is chosen per lab and kept in a file, so a restarted agent keeps using it
+    saved = Path(router_file) if router_file else None
+    current: list[Router] = [routing.make(saved.read_text().strip() if saved and saved.exists() else "route")]
     probes: dict[str, Probe] = {}
     conns: dict[str, KeepAlive] = {}
 
@@ -510,25 +512,44 @@ def lan_app(app: App) -> None:
             "role": app.role,
             "pid": os.getpid(),
             "started": app.started,
-            "router": router.name,
+            "router": current[0].name,
             "probes": len(probes),
         }
 
+    @app.route("GET", "/v1/router")
+    def get_router(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {"name": current[0].name, "services": current[0].services()}
+
+    @app.route("PUT", "/v1/router")
+    def set_router(p: dict[str, str], b: dict[str, Any]) -> Any:
+        name = str(b.get("name"))
+        if name not in routing.NAMES:
+            raise UsageError(f"no router named {name!r}", hint=f"choose one of: {', '.join(routing.NAMES)}")
+        if name != current[0].name:
+            current[0] = routing.replace(current[0], name)
+        if saved:
+            saved.write_text(name + "\n")
+        return get_router(p, b)
+
     @app.route("GET", "/v1/routes")
     def routes(p: dict[str, str], b: dict[str, Any]) -> Any:
-        return router.routes()
+        return current[0].routes()
 
     @app.route("PUT", "/v1/routes/(?P<addr>[0-9.]+)")
     def switch(p: dict[str, str], b: dict[str, Any]) -> Any:
-        return router.switch(p["addr"], b["via"])
+        return {**current[0].switch(p["addr"], b["via"], bool(b.get("drain"))), "router": current[0].name}
+
+    @app.route("POST", "/v1/routes/(?P<addr>[0-9.]+)/drain")
+    def end_drain(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return current[0].end_drain(p["addr"], float(b.get("timeout", 2.0)))
 
     @app.route("DELETE", "/v1/routes/(?P<addr>[0-9.]+)")
     def unroute(p: dict[str, str], b: dict[str, Any]) -> Any:
-        return {"removed": router.remove(p["addr"])}
+        return {"removed": current[0].remove(p["addr"])}
 
     @app.route("GET", "/v1/routes/(?P<addr>[0-9.]+)")
     def lookup(p: dict[str, str], b: dict[str, Any]) -> Any:
-        return {"addr": p["addr"], "via": router.lookup(p["addr"])}
+        return {"addr": p["addr"], "via": current[0].lookup(p["addr"])}
 
     @app.route("POST", "/v1/http")
     def http_get(p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -604,7 +625,10 @@ def _connections(app: App, conns: dict[str, KeepAlive]) -> None:
 def serve(args: argparse.Namespace) -> None:
     token = Path(args.token_file).read_text().strip()
     app = App(args.name, args.role, token)
-    (node_app if args.role == "node" else lan_app)(app)
+    if args.role == "node":
+        node_app(app)
+    else:
+        lan_app(app, args.router_file)
     handler = make_handler(app)
     servers: list[socketserver.BaseServer] = []
     if args.uds:
@@ -635,6 +659,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--uds")
     ap.add_argument("--tcp")
     ap.add_argument("--token-file", required=True)
+    ap.add_argument("--router-file", help="lan: where the lab's router choice is kept")
     args = ap.parse_args(argv)
     if not (args.uds or args.tcp):
         sys.exit("give --uds and/or --tcp")

@@ -56,6 +56,7 @@ class Plan:
     probe: str | None = None  # "http:PORT/PATH" or "tcp:PORT"; default: the container's labels
     probe_interval: float = 0.02
     verify_timeout: float = 120.0
+    drain_timeout: float = 2.0  # decoupled with a draining router: connections open at the cutover
 
 
 def parse_probe(spec: str) -> tuple[int, str | None]:
@@ -449,12 +450,31 @@ def undo_restore(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> 
 def cutover(ctx: Ctx) -> None:
     rec = ctx.rec
     lan = ctx.agent("lan")
-    switches = [lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(rec["target"])}) for ip in rec["service_addresses"]]
+    # decoupled: the source still serves, so connections it holds may finish there (if the router
+    # can drain); the other modes froze the source and their restored connections must move now
+    drain = rec["mode"] == "decoupled"
+    switches = [
+        lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(rec["target"]), "drain": drain})
+        for ip in rec["service_addresses"]
+    ]
     rec["cutover"] = {
-        "router": "route",
+        "router": switches[0].get("router", "route") if switches else None,
         "switches": switches,
         "switch_s": round(sum(s["ended"] - s["started"] for s in switches), 6),
     }
+
+
+def end_drain(ctx: Ctx) -> None:
+    """Let connections still open on the source finish (bounded by ``drain_timeout``), then send
+    everything to the target: called just before the source is retired."""
+    rec = ctx.rec
+    cut = rec.get("cutover") or {}
+    draining = [s["addr"] for s in cut.get("switches", []) if s.get("draining")]
+    if not draining:
+        return
+    lan = ctx.agent("lan")
+    timeout = float(rec["plan"].get("drain_timeout", 2.0))
+    cut["drain"] = [lan.post(f"/v1/routes/{ip}/drain", {"timeout": timeout}, timeout=timeout + 30) for ip in draining]
 
 
 def undo_cutover(lab: Lab, rec: Record, agent: Callable[[str], AgentClient]) -> str:
@@ -542,6 +562,7 @@ def cleanup(ctx: Ctx) -> None:
     rec = ctx.rec
     warnings: list[str] = []
     steps: tuple[tuple[str, Callable[[], object]], ...] = (
+        ("drain", lambda: end_drain(ctx)),
         (
             "source container",
             lambda: ctx.agent(rec["source"]).post(

@@ -200,7 +200,13 @@ class Lab:
         return subprocess.call(cmd, preexec_fn=_join(cg))
 
     # ------------------------------------------------------------------ up
-    def up(self, nodes: int = 2, report: Report = lambda _m: None, workload_image: bool = True) -> dict[str, Any]:
+    def up(
+        self,
+        nodes: int = 2,
+        report: Report = lambda _m: None,
+        workload_image: bool = True,
+        router: str | None = None,
+    ) -> dict[str, Any]:
         names = layout.node_names(nodes)
         notes = preflight.check_host(self.base)
         for n in notes:
@@ -230,11 +236,35 @@ class Lab:
                     hint="its output is below; the kernel may lack a feature CRIU needs",
                     details={"output": (check.stdout + check.stderr).splitlines()[-20:]},
                 )
+        if router:
+            self.set_router(router)
         if workload_image:
             from podmigrate.workload.image import ensure_workload_image
 
             ensure_workload_image(self, report)
         return self.status()
+
+    def router(self) -> dict[str, Any]:
+        """The LAN's router (``route`` or ``nft``) and the service addresses it holds."""
+        lan = self.agent("lan")
+        try:
+            res: dict[str, Any] = lan.get("/v1/router")
+            return res
+        finally:
+            lan.close()
+
+    def set_router(self, name: str) -> dict[str, Any]:
+        """Switch the LAN to another router, moving every service address over without a gap."""
+        from podmigrate import routing
+
+        if name not in routing.NAMES:
+            raise UsageError(f"no router named {name!r}", hint=f"choose one of: {', '.join(routing.NAMES)}")
+        lan = self.agent("lan")
+        try:
+            res: dict[str, Any] = lan.put("/v1/router", {"name": name})
+            return res
+        finally:
+            lan.close()
 
     def _start(self, names: list[str], report: Report) -> None:
         report(f"starting lab {self.name!r} with nodes {', '.join(names)}")
@@ -316,7 +346,12 @@ class Lab:
         out.update(pid=pid, registry=f"http://{layout.REGISTRY}", nodes=[])
         lan = self.agent("lan", timeout=5)
         try:
-            out["lan"] = {"ip": layout.LAN_GATEWAY, "agent": "up", "routes": lan.get("/v1/routes")}
+            out["lan"] = {
+                "ip": layout.LAN_GATEWAY,
+                "agent": "up",
+                "router": lan.get("/v1/info").get("router"),
+                "routes": lan.get("/v1/routes"),
+            }
         except Exception as e:
             out["lan"] = {"ip": layout.LAN_GATEWAY, "agent": f"down: {e}"}
         finally:

@@ -188,7 +188,8 @@ def lab_main() -> None:
     for s in services:
         s.start()
     wait_files([STATE / "pids" / f"{n}.ready" for n in nodes], 120, "node holders")
-    services.append(Service("lan", ["nsenter", "--net=/run/netns/lan", *agent_argv("lan", "lan", layout.LAN_GATEWAY)]))
+    lan_argv = [*agent_argv("lan", "lan", layout.LAN_GATEWAY), "--router-file", f"{STATE}/router"]
+    services.append(Service("lan", ["nsenter", "--net=/run/netns/lan", *lan_argv]))
     for n in nodes:
         holder = (STATE / "pids" / f"holder-{n}.pid").read_text().strip()
         services.append(

@@ -43,14 +43,26 @@ class RouteRouter:
         data = json.loads(p.stdout or "[]") if p.returncode == 0 else []  # no route: unreachable
         return data[0].get("gateway") if data else None
 
-    def switch(self, addr: str, via: str) -> dict[str, Any]:
+    def switch(self, addr: str, via: str, drain: bool = False) -> dict[str, Any]:
+        # a route is per packet: there is nothing to drain with (``drain`` asks for what nft does)
         addr, via = _check(addr), _check(via)
         before = self.lookup(addr)
         t0 = time.time()
         _ip("route", "replace", f"{addr}/32", "via", via)
         t1 = time.time()
-        return {"addr": addr, "via": via, "previous": before, "started": t0, "ended": t1}
+        return {"addr": addr, "via": via, "previous": before, "started": t0, "ended": t1, "draining": False}
+
+    def end_drain(self, addr: str, timeout: float) -> dict[str, Any]:
+        return {"addr": _check(addr), "drained_s": 0.0, "open": 0, "forced": False}
 
     def remove(self, addr: str) -> bool:
         p = subprocess.run(["ip", "route", "del", f"{_check(addr)}/32"], capture_output=True, text=True)
         return p.returncode == 0
+
+    def services(self) -> list[dict[str, Any]]:
+        """The service addresses this router holds (host routes, not the nodes' ranges)."""
+        return [r for r in self.routes() if "/" not in str(r["dst"])]
+
+    def teardown(self) -> None:
+        for r in self.services():
+            self.remove(r["dst"])

@@ -1,0 +1,196 @@
+"""Service-address routers in a real lab: the /32 route and the conntrack-aware nftables map.
+
+The nft router's point is draining: a decoupled migration sends new connections to the copy at
+once, while a connection open at the cutover keeps being served by the source until it ends (or the
+drain deadline passes). Stop-copy must not drain: its restored TCP connections move with it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podmigrate import layout
+from podmigrate.engine.controller import Plan, migrate
+from podmigrate.errors import PodmigrateError
+from podmigrate.routing.nft import mark_of, pinned_elsewhere
+
+from .conftest import wait_for
+
+A, B = mark_of("10.77.0.11"), mark_of("10.77.0.12")
+
+
+def ct(timeout: int, state: str, dst: str, sport: int, mark: int, proto: str = "tcp      6") -> str:
+    """One line of /proc/net/nf_conntrack, as the kernel writes it."""
+    orig = f"src=10.77.0.1 dst={dst} sport={sport} dport=8000"
+    reply = f"src={dst} dst=10.77.0.1 sport=8000 dport={sport}"
+    return f"ipv4     2 {proto} {timeout} {state} {orig} {reply} [ASSURED] mark={mark} zone=0 use=2\n"
+
+
+CONNTRACK = "".join(
+    [
+        ct(431990, "ESTABLISHED", "10.89.1.7", 40000, A),
+        ct(119, "SYN_SENT", "10.89.1.7", 40001, A),  # sent a second ago
+        ct(60, "SYN_SENT", "10.89.1.7", 40002, A),  # its client gave up a minute ago
+        ct(100, "TIME_WAIT", "10.89.1.7", 40003, A),
+        ct(431990, "ESTABLISHED", "10.89.1.7", 40004, B),
+        ct(431990, "ESTABLISHED", "10.89.1.7", 40005, 0),
+        ct(431990, "ESTABLISHED", "10.89.1.8", 40006, A),
+        # UDP has no state column
+        f"ipv4     2 udp      17 20 src=10.77.0.1 dst=10.89.1.7 sport=5353 dport=53 [UNREPLIED] mark={A} zone=0\n",
+    ]
+)
+
+
+def test_only_open_connections_pinned_to_another_node_hold_a_drain(tmp_path: Path) -> None:
+    table = tmp_path / "nf_conntrack"
+    table.write_text(CONNTRACK)
+    # pinned to node-a while node-b owns 10.89.1.7: the established one and the SYN sent just now;
+    # not the SYN its client gave up on a minute ago, TIME_WAIT, node-b's own, unmarked, other
+    # addresses or UDP
+    assert pinned_elsewhere("10.89.1.7", B, str(table)) == 2
+    assert pinned_elsewhere("10.89.1.7", A, str(table)) == 1
+    assert pinned_elsewhere("10.89.1.9", B, str(table)) == 0
+    assert pinned_elsewhere("10.89.1.7", B, str(tmp_path / "absent")) == 0
+
+
+@pytest.fixture
+def nft_router(lab: Any) -> Iterator[Any]:
+    lab.set_router("nft")
+    try:
+        yield lab
+    finally:
+        lab.set_router("route")
+
+
+def lan_rules(lab: Any) -> tuple[str, str]:
+    rules = lab.run("lan", ["ip", "rule"], check=False).stdout
+    tables = lab.run("lan", ["nft", "list", "tables"], check=False).stdout
+    return rules, tables
+
+
+@pytest.mark.lab
+def test_switching_routers_keeps_every_service_routed_and_leaves_nothing_behind(lab, workload):
+    st = workload(heap_mb=16)
+    lan = lab.agent("lan")
+    probe = lan.post("/v1/probes", {"host": st["ip"], "port": 8000, "path": "/healthz", "interval": 0.02})["id"]
+    wait_for(lambda: sum(r["ok"] for r in lan.get(f"/v1/probes/{probe}")) >= 5, 10, "probes answered")
+    try:
+        res = lab.set_router("nft")
+        assert res["name"] == "nft"
+        assert {"dst": st["ip"], "via": layout.node_ip("node-a"), "draining": False} in res["services"]
+        rules, tables = lan_rules(lab)
+        assert f"fwmark {hex(mark_of(layout.node_ip('node-a')))}" in rules and "table ip podmigrate" in tables
+        # the route it replaced is gone: the map alone routes the service
+        assert not [r for r in lan.get("/v1/routes") if r["dst"] == st["ip"] and "draining" not in r]
+        assert lan.get(f"/v1/routes/{st['ip']}")["via"] == layout.node_ip("node-a")
+    finally:
+        back = lab.set_router("route")
+    assert back["name"] == "route"
+    assert {"dst": st["ip"], "via": layout.node_ip("node-a")} in back["services"]
+    rules, tables = lan_rules(lab)
+    assert "fwmark" not in rules and "podmigrate" not in tables
+    records = lan.delete(f"/v1/probes/{probe}")
+    failed = [r for r in records if not r["ok"]]
+    assert not failed, f"{len(failed)} of {len(records)} probes failed while the routers changed: {failed[:3]}"
+
+
+@pytest.mark.lab
+def test_a_restarted_lan_agent_keeps_the_router_and_its_services(nft_router, workload):
+    lab = nft_router
+    st = workload(heap_mb=16)
+    pid_file = lab.dir / "pids" / "lan.pid"
+    old = pid_file.read_text().strip()
+    os.kill(int(old), signal.SIGKILL)  # the lab holder restarts it
+    wait_for(lambda: pid_file.read_text().strip() != old, 30, "a new LAN agent")
+
+    def router() -> dict[str, Any] | None:
+        try:
+            return dict(lab.router())
+        except PodmigrateError:
+            return None
+
+    res = wait_for(router, 30, "the new LAN agent to answer")
+    assert res["name"] == "nft"
+    assert {"dst": st["ip"], "via": layout.node_ip("node-a"), "draining": False} in res["services"]
+    rules, tables = lan_rules(lab)
+    assert tables.count("table ip podmigrate") == 1 and rules.count("fwmark") == 1, (rules, tables)
+
+
+@pytest.mark.lab
+def test_stop_copy_under_the_nft_router_carries_an_open_connection_without_draining(nft_router, workload):
+    lab = nft_router
+    st = workload(heap_mb=32)
+    lan = lab.agent("lan")
+    conn = lan.post("/v1/connections", {"host": st["ip"], "port": 8000, "interval": 0.05})
+    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
+    rec = migrate(lab, Plan(workload=st["name"], target="node-b", transport="stream"))
+    assert rec["cutover"]["router"] == "nft"
+    assert [s["draining"] for s in rec["cutover"]["switches"]] == [False]
+    assert "drain" not in rec["cutover"]
+    before = lan.get(f"/v1/connections/{conn['id']}")["requests"]
+    wait_for(
+        lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= before + 10,
+        60,
+        "requests over the same connection after the migration",
+    )
+    final = lan.delete(f"/v1/connections/{conn['id']}")
+    assert final["error"] is None and final["same_connection"] and not final["counter_went_backwards"], final
+    assert lan.get(f"/v1/routes/{st['ip']}")["via"] == layout.node_ip("node-b")
+
+
+@pytest.mark.lab
+def test_decoupled_under_the_nft_router_lets_a_connection_open_at_the_cutover_finish_on_the_source(
+    nft_router, workload
+):
+    lab = nft_router
+    st = workload(heap_mb=32)
+    lan = lab.agent("lan")
+    conn = lan.post("/v1/connections", {"host": st["ip"], "port": 8000, "interval": 0.05})
+    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["rec"] = migrate(
+                lab, Plan(workload=st["name"], target="node-b", mode="decoupled", transport="stream", drain_timeout=4)
+            )
+        except Exception as e:  # re-raised in the test's thread below
+            result["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        # new connections already reach the copy on node-b, while the open one is held by node-a
+        draining = wait_for(
+            lambda: [s for s in lan.get("/v1/routes") if s["dst"] == st["ip"] and s["draining"]],
+            120,
+            "the service address to drain",
+            step=0.02,
+        )
+        assert draining[0]["via"] == layout.node_ip("node-b")
+        during = lan.get(f"/v1/connections/{conn['id']}")
+        after = wait_for(
+            lambda: (c := lan.get(f"/v1/connections/{conn['id']}"))["requests"] >= during["requests"] + 10 and c,
+            30,
+            "requests over the open connection while draining",
+        )
+        assert after["error"] is None and after["same_connection"] and not after["counter_went_backwards"], after
+        assert lan.get(f"/v1/routes/{st['ip']}")["via"] == layout.node_ip("node-b")
+    finally:
+        t.join(180)
+        lan.delete(f"/v1/connections/{conn['id']}")
+    if "error" in result:
+        raise result["error"]
+    rec = result["rec"]
+    assert rec["state"] == "kept" and rec["checks"]["sha256_equal"]
+    # the keep-alive connection never ends by itself: the drain waited its full deadline, then cut it
+    (drain,) = rec["cutover"]["drain"]
+    assert drain["forced"] and drain["open"] >= 1 and drain["drained_s"] >= 3.5, drain
+    assert not [s for s in lan.get("/v1/routes") if s["dst"] == st["ip"] and s["draining"]]
