@@ -36,6 +36,7 @@ from podmigrate.agent.probe import KeepAlive, Probe
 from podmigrate.errors import AgentError, PodmigrateError, RuntimeBackendError, UsageError
 from podmigrate.routing import Router
 from podmigrate.runtime.podman import Podman
+from podmigrate.runtime.uffd import FaultWaker
 from podmigrate.transport import registry, stream
 
 Handler = Callable[[dict[str, str], dict[str, Any]], Any]
@@ -328,6 +329,7 @@ def node_app(app: App) -> None:
     # source's lazy dump serving pages, the target's lazy-pages daemon), by role and checkpoint id
     jobs: dict[str, subprocess.Popen[Any]] = {}
     lazy_ports: dict[str, int] = {}
+    wakers: dict[str, FaultWaker] = {}
 
     def free_port() -> int:
         with socket.socket() as sk:
@@ -367,16 +369,19 @@ def node_app(app: App) -> None:
         if b.get("image"):
             rt.ensure_image(b["image"])
         with busy(cid):
-            res, daemon = rt.lazy_restore(
+            res, daemon, waker = rt.lazy_restore(
                 archive(cid),
                 pages_dir(cid),
                 ckdir / f"{_safe_id(cid)}.work",
                 b["address"],
                 int(b["port"]),
                 tcp_established=b.get("tcp_established", True),
+                wake_faults=b.get("wake_faults", True),
             )
         jobs[f"dst-{cid}"] = daemon
-        return res
+        if waker:
+            wakers[cid] = waker
+        return {**res, "wake_faults": waker is not None}
 
     @app.route("GET", "/v1/checkpoints/(?P<cid>[^/]+)/lazy")
     def lazy_status(p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -385,6 +390,8 @@ def node_app(app: App) -> None:
             job = jobs.get(f"{role}-{p['cid']}")
             if job is not None:
                 out[role] = {"running": job.poll() is None, "rc": job.returncode}
+        if p["cid"] in wakers:
+            out["waker"] = wakers[p["cid"]].status()
         # bytes this node sent on its LAN link: across a post-copy, the pages its dump served
         # (/proc/net/dev, not /sys/class/net: sysfs shows the netns of whoever mounted it)
         with contextlib.suppress(OSError, ValueError, IndexError):
@@ -469,6 +476,9 @@ def node_app(app: App) -> None:
             if job is not None and job.poll() is None:
                 job.kill()
                 job.wait()
+        waker = wakers.pop(p["cid"], None)
+        if waker is not None:
+            waker.stop()
         with busy(p["cid"]):
             shutil.rmtree(pages_dir(p["cid"]), ignore_errors=True)
             shutil.rmtree(ckdir / f"{_safe_id(p['cid'])}.work", ignore_errors=True)

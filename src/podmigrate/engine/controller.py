@@ -374,8 +374,15 @@ def lazy_restore(ctx: Ctx) -> None:
     rec["lazy"]["lan_tx_before"] = ctx.agent(rec["source"]).get(f"/v1/checkpoints/{rec['id']}/lazy").get("lan_tx_bytes")
     res = ctx.agent(rec["target"]).post(
         f"/v1/checkpoints/{rec['id']}/restore-lazy",
-        {**rec["lazy"], "image": rec["image"], "tcp_established": rec["plan"]["tcp_established"]},
+        {
+            **rec["lazy"],
+            "image": rec["image"],
+            "tcp_established": rec["plan"]["tcp_established"],
+            # off only to measure what the waker saves (runtime/uffd.py)
+            "wake_faults": os.environ.get("PODMIGRATE_LAZY_WAKE", "1") != "0",
+        },
     )
+    rec["lazy"]["wake_faults"] = res.get("wake_faults", False)
     rec["criu"]["restore"] = res["stats"]
     rec["restored_at"] = res["ended"]
 
@@ -387,9 +394,12 @@ def lazy_pages(ctx: Ctx) -> None:
     while time.monotonic() < deadline:
         status = ctx.agent(rec["source"]).get(f"/v1/checkpoints/{rec['id']}/lazy")
         src = status.get("src", {})
-        dst = ctx.agent(rec["target"]).get(f"/v1/checkpoints/{rec['id']}/lazy").get("dst", {})
+        target = ctx.agent(rec["target"]).get(f"/v1/checkpoints/{rec['id']}/lazy")
+        dst = target.get("dst", {})
         if not src.get("running") and not dst.get("running"):
             rec["lazy"].update(source_rc=src.get("rc"), daemon_rc=dst.get("rc"), all_pages_at=time.time())
+            if target.get("waker"):
+                rec["lazy"]["waker"] = target["waker"]
             before, after = rec["lazy"].get("lan_tx_before"), status.get("lan_tx_bytes")
             if before is not None and after is not None:
                 rec.setdefault("bytes", {})["pages"] = after - before

@@ -22,6 +22,7 @@ from typing import Any
 
 from podmigrate.errors import RuntimeBackendError, UsageError
 from podmigrate.runtime.base import ContainerInfo, RunSpec
+from podmigrate.runtime.uffd import FaultWaker
 
 _CRIU_LOG = re.compile(r"(/\S+/userdata/(?:dump|restore)\.log)")
 
@@ -473,10 +474,19 @@ class Podman:
         return server
 
     def lazy_restore(
-        self, archive: Path, images: Path, work: Path, address: str, port: int, *, tcp_established: bool = True
-    ) -> tuple[dict[str, Any], subprocess.Popen[bytes]]:
+        self,
+        archive: Path,
+        images: Path,
+        work: Path,
+        address: str,
+        port: int,
+        *,
+        tcp_established: bool = True,
+        wake_faults: bool = True,
+    ) -> tuple[dict[str, Any], subprocess.Popen[bytes], FaultWaker | None]:
         """Restore with the memory left behind: a ``criu lazy-pages`` daemon fetches pages from the
-        source as the process touches them (userfaultfd), and the rest in the background."""
+        source as the process touches them (userfaultfd), and the rest in the background.
+        ``wake_faults`` re-raises the faults the daemon drops (see ``runtime.uffd``)."""
         images.mkdir(mode=0o700, exist_ok=True)
         work.mkdir(mode=0o700, exist_ok=True)
         p = subprocess.run(
@@ -516,6 +526,7 @@ class Podman:
                     details={"log": file_tail(work / "lazy-pages.log")},
                 )
             time.sleep(0.005)
+        waker = FaultWaker(daemon).start() if wake_faults else None
         # no --print-stats: with a work-dir override podman fails after CRIU restored the process
         args = ["container", "restore", "--import", str(archive)]
         if tcp_established:
@@ -526,8 +537,10 @@ class Podman:
                 self._run(*args, what="lazy restore")
         except Exception:
             daemon.kill()
+            if waker:
+                waker.stop()
             raise
-        return {"started": t0, "ended": time.time(), "stats": {}}, daemon
+        return {"started": t0, "ended": time.time(), "stats": {}}, daemon, waker
 
     def resume(self, name: str) -> dict[str, Any]:
         """Wake a container that a dump left stopped (CRIU ``leave-stopped``): SIGCONT every task in
