@@ -350,7 +350,7 @@ def node_app(app: App) -> None:
         port = free_port()
         t0 = time.time()
         with busy(cid):
-            jobs[f"src-{cid}"] = rt.lazy_checkpoint(
+            jobs[f"src-{cid}"], times = rt.lazy_checkpoint(
                 p["name"], archive(cid), layout.node_ip(app.name), port, tcp_established=b.get("tcp_established", True)
             )
         lazy_ports[cid] = port
@@ -358,6 +358,7 @@ def node_app(app: App) -> None:
             "address": layout.node_ip(app.name),
             "port": port,
             "started": t0,
+            "times": times,
             "ended": time.time(),
             "archive_bytes": archive(cid).stat().st_size,
             "stats": {},

@@ -346,6 +346,9 @@ def lazy_checkpoint(ctx: Ctx) -> None:
     rec["freeze_started"] = res["started"]
     rec["checkpoint_at"] = res["ended"]
     rec["lazy"] = {"address": res["address"], "port": res["port"]}
+    # podman started, CRIU serving pages (the tasks frozen and dumped but for their memory), the
+    # target's part packed
+    rec["lazy"]["times"] = res.get("times", {})
     rec.setdefault("criu", {})["dump"] = res["stats"]
     rec.setdefault("bytes", {})["archive"] = res["archive_bytes"]
 

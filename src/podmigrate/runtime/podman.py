@@ -361,7 +361,7 @@ class Podman:
     # ------------------------------------------------------------------ post-copy (lazy pages)
     def lazy_checkpoint(
         self, name: str, archive: Path, address: str, port: int, *, tcp_established: bool = True
-    ) -> subprocess.Popen[str]:
+    ) -> tuple[subprocess.Popen[str], dict[str, float]]:
         """Start a lazy-pages dump: CRIU dumps everything but the memory, then serves the pages from
         ``address:port`` until the target has them all (the returned process ends then).
 
@@ -384,6 +384,7 @@ class Podman:
         ]
         if tcp_established:
             args.insert(3, "--tcp-established")
+        times = {"dump_started": time.time()}
         with self.criu_options("lazy-pages", f"address={address}", f"port={port}"):
             proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             deadline = time.monotonic() + 600
@@ -396,6 +397,7 @@ class Podman:
                         details={"stderr": (errs or "")[-3000:], "criu_log": _criu_log_tail(errs or "")},
                     )
                 time.sleep(0.005)
+        times["serving_at"] = time.time()
         _rootfs_diff(upper, static)
         # what podman's export adds from its database and tmpfs: the addresses (so the copy keeps
         # them) and the contents of /dev/shm
@@ -423,7 +425,8 @@ class Podman:
             proc.kill()
             raise RuntimeBackendError(f"packing the lazy checkpoint of {name} failed: {p.stderr.strip()}")
         os.chmod(archive, 0o600)
-        return proc
+        times["packed_at"] = time.time()
+        return proc, times
 
     def _network_status(self, name: str) -> dict[str, Any]:
         """The network.status podman writes into an export (netavark's status block), from inspect."""

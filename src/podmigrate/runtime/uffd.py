@@ -65,7 +65,7 @@ class FaultWaker:
     """While a ``criu lazy-pages`` daemon runs, wake every thread waiting on its userfaultfds
     every ``interval`` seconds."""
 
-    def __init__(self, daemon: subprocess.Popen[Any], interval: float = 0.01):
+    def __init__(self, daemon: subprocess.Popen[Any], interval: float = 0.002):
         self.daemon, self.pid, self.interval = daemon, daemon.pid, interval
         self.wakes = 0
         self.error: str | None = None
