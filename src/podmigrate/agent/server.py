@@ -513,6 +513,8 @@ def lan_app(app: App, router_file: str | None = None) -> None:
     # the router is chosen per lab and kept in a file, so a restarted agent keeps using it
     saved = Path(router_file) if router_file else None
     current: list[Router] = [routing.make(saved.read_text().strip() if saved and saved.exists() else "route")]
+    # a router change must not interleave with a switch (which could land on the router being torn down)
+    router_lock = threading.Lock()
     probes: dict[str, Probe] = {}
     conns: dict[str, KeepAlive] = {}
 
@@ -536,10 +538,11 @@ def lan_app(app: App, router_file: str | None = None) -> None:
         name = str(b.get("name"))
         if name not in routing.NAMES:
             raise UsageError(f"no router named {name!r}", hint=f"choose one of: {', '.join(routing.NAMES)}")
-        if name != current[0].name:
-            current[0] = routing.replace(current[0], name)
-        if saved:
-            saved.write_text(name + "\n")
+        with router_lock:
+            if name != current[0].name:
+                current[0] = routing.replace(current[0], name)
+            if saved:
+                saved.write_text(name + "\n")
         return get_router(p, b)
 
     @app.route("GET", "/v1/routes")
@@ -548,7 +551,8 @@ def lan_app(app: App, router_file: str | None = None) -> None:
 
     @app.route("PUT", "/v1/routes/(?P<addr>[0-9.]+)")
     def switch(p: dict[str, str], b: dict[str, Any]) -> Any:
-        return {**current[0].switch(p["addr"], b["via"], bool(b.get("drain"))), "router": current[0].name}
+        with router_lock:
+            return {**current[0].switch(p["addr"], b["via"], bool(b.get("drain"))), "router": current[0].name}
 
     @app.route("POST", "/v1/routes/(?P<addr>[0-9.]+)/drain")
     def end_drain(p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -556,7 +560,8 @@ def lan_app(app: App, router_file: str | None = None) -> None:
 
     @app.route("DELETE", "/v1/routes/(?P<addr>[0-9.]+)")
     def unroute(p: dict[str, str], b: dict[str, Any]) -> Any:
-        return {"removed": current[0].remove(p["addr"])}
+        with router_lock:
+            return {"removed": current[0].remove(p["addr"])}
 
     @app.route("GET", "/v1/routes/(?P<addr>[0-9.]+)")
     def lookup(p: dict[str, str], b: dict[str, Any]) -> Any:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from podmigrate.errors import RuntimeBackendError, UsageError
+from podmigrate.runtime import freezer
 from podmigrate.runtime.base import ContainerInfo, RunSpec
 from podmigrate.runtime.uffd import FaultWaker
 
@@ -332,12 +333,24 @@ class Podman:
             args.append("--tcp-established")
         if leave_running:
             args.append("--leave-running")
+        # a source that stops for good (or stays frozen until verify) can be frozen the moment CRIU
+        # starts; one left running would stay frozen through podman's export
+        pid = 0 if leave_running else int(self._run("inspect", "-f", "{{.State.Pid}}", name).stdout.strip() or 0)
+        cgroup = freezer.cgroup_dir(pid) if pid > 0 else None
         t0 = time.time()
-        with self.criu_options(*criu):
-            p = self._run(*args, name, what=f"checkpoint of {name}")
+        with self.criu_options(*criu), freezer.freeze_when_opened(CRIU_CONF, cgroup) as early:
+            try:
+                p = self._run(*args, name, what=f"checkpoint of {name}")
+            except RuntimeBackendError:
+                if cgroup:  # frozen early for a dump that failed: the source must run again
+                    freezer.thaw(cgroup)
+                raise
         os.chmod(archive, 0o600)  # it holds the process's memory (the directory is 0700 too)
         stats = _stats(p.stdout)
-        return {"started": t0, "ended": time.time(), "stats": stats, "archive_bytes": archive.stat().st_size}
+        res = {"started": t0, "ended": time.time(), "stats": stats, "archive_bytes": archive.stat().st_size}
+        if early and early.times:
+            res["frozen_early_at"] = early.times.get("frozen_at")
+        return res
 
     def restore_local(self, name: str, *, tcp_established: bool = True) -> dict[str, Any]:
         args = ["container", "restore", "--print-stats"]
@@ -368,8 +381,10 @@ class Podman:
         Podman only exports its archive at the very end, so the few MB the target needs now
         (config.dump, spec.dump, the CRIU images without pages, the root file system's changes) are
         packed into ``archive`` here from the container's own directory, the way podman would."""
-        static = Path(self._run("inspect", "-f", "{{.StaticDir}}", name).stdout.strip())
-        upper = Path(self._run("inspect", "-f", "{{.GraphDriver.Data.UpperDir}}", name).stdout.strip())
+        fields = self._run("inspect", "-f", "{{.StaticDir}}|{{.GraphDriver.Data.UpperDir}}|{{.State.Pid}}", name)
+        static_dir, upper_dir, pid = fields.stdout.strip().split("|")
+        static, upper = Path(static_dir), Path(upper_dir)
+        cgroup = freezer.cgroup_dir(int(pid)) if pid.isdigit() else None
         netstatus = self._network_status(name)  # now: the checkpoint holds the container's lock till the end
         args = [
             "podman",
@@ -385,12 +400,17 @@ class Podman:
         if tcp_established:
             args.insert(3, "--tcp-established")
         times = {"dump_started": time.time()}
-        with self.criu_options("lazy-pages", f"address={address}", f"port={port}"):
+        with (
+            self.criu_options("lazy-pages", f"address={address}", f"port={port}"),
+            freezer.freeze_when_opened(CRIU_CONF, cgroup) as early,
+        ):
             proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             deadline = time.monotonic() + 600
             while not listening(port):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     out, errs = proc.communicate(timeout=10) if proc.poll() is not None else ("", "timed out")
+                    if cgroup:  # frozen early for a dump that failed: the source must run again
+                        freezer.thaw(cgroup)
                     raise RuntimeBackendError(
                         f"lazy checkpoint of {name} on {self.node} did not start serving pages: "
                         f"{(errs or out).strip().splitlines()[-1:] or proc.returncode}",
@@ -398,6 +418,8 @@ class Podman:
                     )
                 time.sleep(0.005)
         times["serving_at"] = time.time()
+        if early:
+            times.update(early.times)
         _rootfs_diff(upper, static)
         # what podman's export adds from its database and tmpfs: the addresses (so the copy keeps
         # them) and the contents of /dev/shm
@@ -546,12 +568,15 @@ class Podman:
         return {"started": t0, "ended": time.time(), "stats": {}}, daemon, waker
 
     def resume(self, name: str) -> dict[str, Any]:
-        """Wake a container that a dump left stopped (CRIU ``leave-stopped``): SIGCONT every task in
-        its PID namespace and drop the network lock CRIU left in its network namespace."""
+        """Wake a container that a dump left stopped (CRIU ``leave-stopped``): thaw its cgroup (frozen
+        early for a dump, see ``runtime.freezer``), SIGCONT every task in its PID namespace and drop
+        the network lock CRIU left in its network namespace."""
         tasks = self._tasks(name)
         if not tasks:
             raise RuntimeBackendError(f"{name} on {self.node} has no process to resume")
-        pid = tasks[0]  # any of them: they share the container's network namespace
+        pid = tasks[0]  # any of them: they share the container's network namespace and cgroup
+        cgroup = freezer.cgroup_dir(pid)
+        thawed = bool(cgroup and freezer.thaw(cgroup))
         woken = []
         for task in tasks:
             with contextlib.suppress(OSError):
@@ -580,7 +605,7 @@ class Podman:
                     ["nsenter", "-t", str(pid), "-n", "nft", "delete", "table", parts[1], parts[2]], capture_output=True
                 )
                 unlocked.append(parts[2])
-        return {"woken": woken, "unlocked": unlocked}
+        return {"woken": woken, "unlocked": unlocked, "thawed": thawed}
 
     def ensure_image(self, image: str) -> bool:
         if subprocess.run(["podman", "image", "exists", image]).returncode == 0:

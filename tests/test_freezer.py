@@ -1,0 +1,67 @@
+"""Freezing a cgroup the moment a file is opened (how a dump gets its source frozen before CRIU looks),
+on a real cgroup v2 of its own."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from podmigrate.lab.cluster import cgroup2_root
+from podmigrate.runtime.freezer import cgroup_dir, freeze_when_opened, frozen, thaw
+
+from .conftest import wait_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="creating a cgroup needs root")
+
+
+@pytest.fixture
+def sleeper() -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A process alone in a fresh cgroup v2 (under the unified hierarchy, never a v1 one)."""
+    root = cgroup2_root()
+    cg = root / f"podmigrate-test-{uuid.uuid4().hex[:8]}"
+    cg.mkdir()
+    p = subprocess.Popen(["sleep", "300"])
+    try:
+        (cg / "cgroup.procs").write_text(str(p.pid))
+        yield p, cg
+    finally:
+        thaw(cg)
+        p.kill()
+        p.wait()
+        wait_for(lambda: not (cg / "cgroup.procs").read_text().strip(), 10, "the cgroup to empty")
+        with contextlib.suppress(OSError):
+            cg.rmdir()
+
+
+def test_the_cgroup_freezes_when_the_file_is_opened_and_thaws_again(tmp_path: Path, sleeper) -> None:
+    p, cg = sleeper
+    assert cgroup_dir(p.pid, cgroup2_root()) == cg
+    watched = tmp_path / "runc.conf"
+    watched.write_text("tcp-established\n")
+    with freeze_when_opened(watched, cg) as watcher:
+        assert watcher is not None
+        assert not frozen(cg)  # writing the file before the watch started did not count
+        watched.read_text()  # what CRIU does first
+        wait_for(lambda: frozen(cg), 10, "the cgroup to be frozen")
+        wait_for(lambda: "frozen_at" in watcher.times, 5, "the watcher to see it frozen")
+    assert frozen(cg)  # it stays frozen: the dump (here: nobody) decides what happens next
+    assert thaw(cg)
+    wait_for(lambda: not frozen(cg), 10, "the cgroup to thaw")
+    assert not thaw(cg)  # thawing a thawed cgroup says it did nothing
+
+
+def test_nothing_is_frozen_when_the_file_is_never_opened(tmp_path: Path, sleeper) -> None:
+    _, cg = sleeper
+    watched = tmp_path / "runc.conf"
+    watched.write_text("")
+    with freeze_when_opened(watched, cg) as watcher:
+        assert watcher is not None
+    assert not frozen(cg) and watcher.times == {}
+    with freeze_when_opened(watched, None) as none:  # a container without a cgroup v2 of its own
+        assert none is None
