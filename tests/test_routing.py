@@ -20,6 +20,7 @@ from podmigrate import layout
 from podmigrate.engine.controller import Plan, migrate
 from podmigrate.errors import PodmigrateError
 from podmigrate.routing.nft import mark_of, pinned_elsewhere
+from podmigrate.workload import manage
 
 from .conftest import wait_for
 
@@ -194,3 +195,51 @@ def test_decoupled_under_the_nft_router_lets_a_connection_open_at_the_cutover_fi
     (drain,) = rec["cutover"]["drain"]
     assert drain["forced"] and drain["open"] >= 1 and drain["drained_s"] >= 3.5, drain
     assert not [s for s in lan.get("/v1/routes") if s["dst"] == st["ip"] and s["draining"]]
+
+
+@pytest.mark.lab
+def test_a_pod_moves_decoupled_and_a_connection_through_its_sidecar_finishes_on_the_source(nft_router, workload):
+    lab = nft_router
+    st = workload(heap_mb=16, sidecar=True)
+    pod = st["name"].removesuffix("-server")
+    lan = lab.agent("lan")
+    conn = lan.post("/v1/connections", {"host": st["ip"], "port": 8000, "interval": 0.05})
+    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
+    result: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            result["rec"] = migrate(lab, Plan(workload=pod, target="node-b", mode="decoupled", drain_timeout=4))
+        except Exception as e:  # re-raised in the test's thread below
+            result["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        wait_for(
+            lambda: [s for s in lan.get("/v1/routes") if s["dst"] == st["ip"] and s["draining"]],
+            120,
+            "the pod's address to drain",
+            step=0.02,
+        )
+        during = lan.get(f"/v1/connections/{conn['id']}")
+        after = wait_for(
+            lambda: (c := lan.get(f"/v1/connections/{conn['id']}"))["requests"] >= during["requests"] + 10 and c,
+            30,
+            "requests through the source pod's sidecar while draining",
+        )
+        assert after["error"] is None and after["same_connection"] and not after["counter_went_backwards"], after
+    finally:
+        t.join(180)
+        lan.delete(f"/v1/connections/{conn['id']}")
+    if "error" in result:
+        raise result["error"]
+    rec = result["rec"]
+    assert rec["scope"] == "pod" and rec["mode"] == "decoupled"
+    assert rec["checks"]["sha256_equal"] and rec["checks"]["same_process_start"]
+    assert rec["drift"]["counter"] is not None and rec["drift"]["counter"] >= 0
+    assert rec["blackout"]["at_cutover"]["failed"] == 0, rec["blackout"]  # handshakes drained on the source
+    # the copy answers at the pod's address, through its own sidecar
+    assert manage.state(lab, pod)["node"] == "node-b"
+    for node, ctrs in manage.inventory(lab).items():  # nothing of the pod left on the source
+        assert node == "node-b" or not [c for c in ctrs if c["name"].startswith(pod)]

@@ -209,6 +209,7 @@ def node_app(app: App) -> None:
                 p["pod"],
                 member_archives(b["checkpoint_id"], b["members"]),
                 tcp_established=b.get("tcp_established", True),
+                leave_running=bool(b.get("leave_running")),
             )
 
     @app.route("POST", "/v1/pods/(?P<pod>[^/]+)/restore-in-place")

@@ -100,9 +100,9 @@ def validate(ctx: Ctx) -> None:
     loc = manage.locate(lab, rec["workload"])
     c = loc.container
     if c["pod"]:
-        if rec["mode"] != "stop-copy":
+        if rec["mode"] not in ("stop-copy", "decoupled"):
             raise UsageError(
-                f"container {c['name']!r} belongs to a pod; pods move with --mode stop-copy only",
+                f"container {c['name']!r} belongs to a pod; pods move with --mode stop-copy or decoupled",
                 hint="checkpointing one container of a pod alone would sever its loopback connections",
             )
         pod = ctx.agent(loc.node).get(f"/v1/pods/{c['pod']}")
@@ -286,6 +286,7 @@ def pod_checkpoint(ctx: Ctx) -> None:
             "checkpoint_id": rec["id"],
             "members": pod.get("checkpointed", pod["members"]),
             "tcp_established": rec["plan"]["tcp_established"],
+            "leave_running": rec["mode"] == "decoupled",
         },
     )
     rec["freeze_started"] = res["started"]

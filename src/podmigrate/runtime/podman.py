@@ -260,14 +260,23 @@ class Podman:
             if on and p.returncode:
                 raise RuntimeBackendError(f"locking the network of pod {pod} on {self.node} failed: {p.stderr}")
 
-    def checkpoint_pod(self, pod: str, archives: dict[str, Path], *, tcp_established: bool = True) -> dict[str, Any]:
-        """Dump every container of ``pod`` under one network lock. The source pod stays locked: it is
-        removed once the copy serves, or restored in place (and unlocked) on rollback."""
+    def checkpoint_pod(
+        self, pod: str, archives: dict[str, Path], *, tcp_established: bool = True, leave_running: bool = False
+    ) -> dict[str, Any]:
+        """Dump every container of ``pod`` under one network lock. A stopped source pod stays locked:
+        it is removed once the copy serves, or restored in place (and unlocked) on rollback. With
+        ``leave_running`` (decoupled) the members run on and the lock goes once all are dumped: the
+        dumps are of one moment, and the pod serves again right after."""
         t0 = time.time()
         self.pod_lock(pod, True)
-        stats = {
-            name: self.checkpoint(name, archive, tcp_established=tcp_established) for name, archive in archives.items()
-        }
+        try:
+            stats = {
+                name: self.checkpoint(name, archive, tcp_established=tcp_established, leave_running=leave_running)
+                for name, archive in archives.items()
+            }
+        finally:
+            if leave_running:
+                self.pod_lock(pod, False)
         return {"started": t0, "ended": time.time(), "members": stats}
 
     def restore_pod_in_place(self, pod: str, members: list[str], *, tcp_established: bool = True) -> dict[str, Any]:
