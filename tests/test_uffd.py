@@ -15,6 +15,8 @@ import pytest
 
 from podmigrate.runtime.uffd import FaultWaker, userfaultfds
 
+from .conftest import wait_for
+
 # The child: one thread faults on a page registered with a userfaultfd (through libc's memset, so
 # the GIL is released while it sleeps); its handler thread drops the first fault report, like CRIU
 # after EAGAIN, and serves any later one. The child only finishes if its thread faults again.
@@ -50,6 +52,9 @@ CHILD = textwrap.dedent(
     threading.Thread(target=handler, daemon=True).start()
     libc.memset(ctypes.c_void_p(addr + 100), 0x41, 1)
     print("done", region[100:101].decode(), region[0:1].decode(), flush=True)
+    os.close(uffd)  # like CRIU once every page has moved; the process lives on
+    print("closed", flush=True)
+    sys.stdin.read()
     """
 )
 
@@ -79,7 +84,7 @@ def read_until(p: subprocess.Popen[str], want: str, timeout: float) -> list[str]
 
 @needs_uffd
 def test_a_dropped_fault_stalls_until_the_waker_makes_the_thread_fault_again() -> None:
-    p = subprocess.Popen([sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         read_until(p, "dropped", 10)
         # nothing else will copy the page: the thread sleeps in the kernel for good
@@ -89,6 +94,13 @@ def test_a_dropped_fault_stalls_until_the_waker_makes_the_thread_fault_again() -
         # the handler serves only a second report of the fault: the woken thread faulted again
         lines = read_until(p, "done", 10)
         assert lines[-1] == "done A x", lines
+        # the waker gives its copy back once the handler closed the original: a userfaultfd keeps
+        # the memory registered until its last copy is closed
+        read_until(p, "closed", 10)
+        wait_for(lambda: waker.status()["userfaultfds"] == 0, 10, "the waker to give its copy back")
+        assert waker.status()["running"]
+        assert p.stdin is not None
+        p.stdin.close()
         p.wait(10)
         status = waker.stop()
         assert status["wakes"] >= 1 and status["error"] is None, status

@@ -114,6 +114,7 @@ class NftRouter:
 
     def __init__(self) -> None:
         self._ensure_table()
+        self._nodes: set[int] = set()  # marks whose rule and table exist: the cutover skips the check
 
     def _ensure_table(self) -> None:
         p = subprocess.run(["nft", "list", "table", "ip", TABLE], capture_output=True, text=True)
@@ -142,9 +143,12 @@ class NftRouter:
     def _ensure_node(self, via: str) -> None:
         """The policy rule and table that send packets marked for ``via`` to it (idempotent)."""
         m = mark_of(via)
+        if m in self._nodes:
+            return
         _run(["ip", "route", "replace", "default", "via", via, "table", str(m)])
         if m not in self._rule_marks():
             _run(["ip", "rule", "add", "priority", str(RULE_PRIORITY), "fwmark", str(m), "lookup", str(m)])
+        self._nodes.add(m)
 
     def routes(self) -> list[dict[str, Any]]:
         draining = self._draining()
@@ -209,6 +213,7 @@ class NftRouter:
 
     def teardown(self) -> None:
         """Remove the table, the policy rules and their tables (when another router takes over)."""
+        self._nodes.clear()
         for m in self._rule_marks():
             subprocess.run(["ip", "rule", "del", "priority", str(RULE_PRIORITY), "fwmark", str(m)], capture_output=True)
             subprocess.run(["ip", "route", "flush", "table", str(m)], capture_output=True)

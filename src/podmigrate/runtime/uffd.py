@@ -78,12 +78,26 @@ class FaultWaker:
         return self
 
     def _refresh(self, pidfd: int) -> None:
+        """Borrow the daemon's new userfaultfds, and give back those it closed: a userfaultfd lets
+        go of the process's memory only when its last copy is closed, and until then a fault in a
+        range it covers waits for a reader that no longer exists."""
         libc = _libc()
-        for n in userfaultfds(self.pid):
+        held = {n: self._inode(n) for n in userfaultfds(self.pid)}
+        for n, fd in list(self._fds.items()):
+            if held.get(n) != os.fstat(fd).st_ino:  # closed, or the number now names another one
+                os.close(fd)
+                del self._fds[n]
+        for n in held:
             if n not in self._fds:
                 fd = libc.syscall(SYS_PIDFD_GETFD, pidfd, n, 0)
                 if fd >= 0:
                     self._fds[n] = fd
+
+    def _inode(self, n: int) -> int | None:
+        try:
+            return os.stat(f"/proc/{self.pid}/fd/{n}").st_ino
+        except OSError:
+            return None
 
     def _loop(self) -> None:
         rng = _range()
@@ -98,9 +112,9 @@ class FaultWaker:
         try:
             rounds = 0
             while not self._stop.is_set():
-                # the daemon receives one userfaultfd per task during the restore, and a new one
-                # when a restored task forks
-                if not self._fds or rounds % 20 == 0:
+                # the daemon receives one userfaultfd per task during the restore, a new one when a
+                # restored task forks, and closes each once its pages have all moved
+                if not self._fds or rounds % 5 == 0:
                     self._refresh(pidfd)
                 rounds += 1
                 for n, fd in list(self._fds.items()):
