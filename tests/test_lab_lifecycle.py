@@ -31,6 +31,8 @@ def host_snapshot() -> dict[str, Any]:
         "mounts": mounts,
         "links": sorted(x.split(":")[1] for x in links.splitlines()),
         "netns": subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout,
+        # raised for lazy pages while a lab is up; the last lab down puts it back
+        "pipe_max": Path("/proc/sys/fs/pipe-max-size").read_text(),
     }
 
 
@@ -75,6 +77,7 @@ def test_lab_up_then_down_leaves_no_namespace_mount_process_cgroup_or_file():
     assert after["mounts"] == before["mounts"]
     assert after["links"] == before["links"]
     assert after["netns"] == before["netns"]
+    assert after["pipe_max"] == before["pipe_max"]  # another lab up (the session's) keeps it raised
     assert set(after["mnt_ns"]) <= set(before["mnt_ns"])
     assert not the_lab.is_up()
 

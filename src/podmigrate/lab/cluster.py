@@ -271,9 +271,11 @@ class Lab:
         self.dir.mkdir(parents=True, exist_ok=True)
         # CRIU's lazy-pages daemon needs 4 MiB pipes and has no CAP_SYS_RESOURCE here; the old value is
         # kept and put back by `lab down` (pipe-max-size is one value for the whole machine)
-        pipe_max = Path("/proc/sys/fs/pipe-max-size")
+        # (machine-wide, like the value: the first lab up keeps it, the last one down puts it back)
+        pipe_max, orig = Path("/proc/sys/fs/pipe-max-size"), self.base / "pipe-max-size.orig"
         if int(pipe_max.read_text()) < LAZY_PIPE_MAX:
-            (self.dir / "pipe-max-size.orig").write_text(pipe_max.read_text())
+            if not orig.exists():
+                orig.write_text(pipe_max.read_text())
             pipe_max.write_text(str(LAZY_PIPE_MAX))
         os.chmod(self.dir, 0o700)  # checkpoints and the token live below
         self.cache.mkdir(parents=True, exist_ok=True)
@@ -388,11 +390,12 @@ class Lab:
             for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
                 _rmdir(d)
             _rmdir(cg)
-        orig = self.dir / "pipe-max-size.orig"
+        orig = self.base / "pipe-max-size.orig"
         if orig.exists() and not any(
             Lab(d.name).is_up() for d in (self.base / "labs").iterdir() if d.name != self.name and _NAME.match(d.name)
         ):
             Path("/proc/sys/fs/pipe-max-size").write_text(orig.read_text())
+            orig.unlink()
         if self.dir.exists():
             report(f"removing {self.dir}")
             shutil.rmtree(self.dir)
