@@ -65,3 +65,6 @@ def test_nothing_is_frozen_when_the_file_is_never_opened(tmp_path: Path, sleeper
     assert not frozen(cg) and watcher.times == {}
     with freeze_when_opened(watched, None) as none:  # a container without a cgroup v2 of its own
         assert none is None
+    with freeze_when_opened(tmp_path / "absent.conf", cg) as none:  # no configuration to watch
+        assert none is None
+    assert not frozen(cg)

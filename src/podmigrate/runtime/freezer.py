@@ -103,11 +103,16 @@ class FreezeOnOpen:
 @contextlib.contextmanager
 def freeze_when_opened(watched: Path, cgroup: Path | None) -> Iterator[FreezeOnOpen | None]:
     """While the block runs, freeze ``cgroup`` as soon as ``watched`` is opened (nothing if either
-    is unknown). The caller thaws it again if the operation fails."""
+    is unknown or cannot be watched: this only saves time). The caller thaws it again if the
+    operation fails."""
     if cgroup is None:
         yield None
         return
-    watcher = FreezeOnOpen(watched, cgroup)
+    try:
+        watcher = FreezeOnOpen(watched, cgroup)
+    except OSError:  # no such file (runc hands CRIU no configuration): CRIU freezes on its own
+        yield None
+        return
     try:
         yield watcher
     finally:
