@@ -7,11 +7,38 @@ old node. Routers run inside the LAN agent (standard library only).
 
 from __future__ import annotations
 
+import ipaddress
+import json
+import subprocess
 from typing import Any, Protocol
 
-from podmigrate.errors import UsageError
+from podmigrate.errors import RoutingError, UsageError
 
 NAMES = ("route", "nft")
+
+
+def run(argv: list[str], stdin: str | None = None) -> str:
+    """Run a routing command (ip, nft); its stdout, or a RoutingError with its stderr."""
+    p = subprocess.run(argv, input=stdin, capture_output=True, text=True)
+    if p.returncode:
+        what = " ".join(argv) + (f" <<< {stdin.strip()!r}" if stdin else "")
+        raise RoutingError(f"{what} failed: {p.stderr.strip()}")
+    return p.stdout
+
+
+def check(addr: str) -> str:
+    """A service or node address: IPv4 (service addresses are /32s)."""
+    try:
+        return str(ipaddress.IPv4Address(addr))
+    except ValueError as e:
+        raise UsageError(f"not an IPv4 address: {addr!r}") from e
+
+
+def kernel_next_hop(addr: str) -> str | None:
+    """The next hop the kernel's routing tables give ``addr`` right now (None: unreachable)."""
+    p = subprocess.run(["ip", "-j", "route", "get", check(addr)], capture_output=True, text=True)
+    data = json.loads(p.stdout or "[]") if p.returncode == 0 else []
+    return data[0].get("gateway") if data else None
 
 
 class Router(Protocol):

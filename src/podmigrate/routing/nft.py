@@ -24,7 +24,7 @@ import subprocess
 import time
 from typing import Any
 
-from podmigrate.errors import RoutingError, UsageError
+from podmigrate.routing import check, kernel_next_hop, run
 
 TABLE = "podmigrate"
 RULE_PRIORITY = 1000  # ahead of the main table, where each node's container range is routed
@@ -54,21 +54,6 @@ table ip {TABLE} {{
 {_CHAIN}  }}
 }}
 """
-
-
-def _run(argv: list[str], stdin: str | None = None) -> str:
-    p = subprocess.run(argv, input=stdin, capture_output=True, text=True)
-    if p.returncode:
-        what = " ".join(argv) + (f" <<< {stdin.strip()!r}" if stdin else "")
-        raise RoutingError(f"{what} failed: {p.stderr.strip()}")
-    return p.stdout
-
-
-def _check(addr: str) -> str:
-    try:
-        return str(ipaddress.IPv4Address(addr))
-    except ValueError as e:
-        raise UsageError(f"not an IPv4 address: {addr!r}") from e
 
 
 def mark_of(node_ip: str) -> int:
@@ -119,17 +104,17 @@ class NftRouter:
     def _ensure_table(self) -> None:
         p = subprocess.run(["nft", "list", "table", "ip", TABLE], capture_output=True, text=True)
         if p.returncode:  # a restarted agent keeps the table and its owners as they are
-            _run(["nft", "-f", "-"], RULESET)
+            run(["nft", "-f", "-"], RULESET)
 
     def _owners(self) -> dict[str, int]:
-        data = json.loads(_run(["nft", "-j", "list", "map", "ip", TABLE, "owner"]))
+        data = json.loads(run(["nft", "-j", "list", "map", "ip", TABLE, "owner"]))
         for obj in data["nftables"]:
             if "map" in obj:
                 return {e[0]: int(e[1]) for e in obj["map"].get("elem", [])}
         return {}
 
     def _draining(self) -> set[str]:
-        data = json.loads(_run(["nft", "-j", "list", "set", "ip", TABLE, "draining"]))
+        data = json.loads(run(["nft", "-j", "list", "set", "ip", TABLE, "draining"]))
         for obj in data["nftables"]:
             if "set" in obj:
                 return set(obj["set"].get("elem", []))
@@ -137,7 +122,7 @@ class NftRouter:
 
     @staticmethod
     def _rule_marks() -> set[int]:
-        rules = json.loads(_run(["ip", "-j", "rule", "show", "priority", str(RULE_PRIORITY)]) or "[]")
+        rules = json.loads(run(["ip", "-j", "rule", "show", "priority", str(RULE_PRIORITY)]) or "[]")
         return {int(str(r["fwmark"]), 0) for r in rules if r.get("fwmark")}
 
     def _ensure_node(self, via: str) -> None:
@@ -145,9 +130,9 @@ class NftRouter:
         m = mark_of(via)
         if m in self._nodes:
             return
-        _run(["ip", "route", "replace", "default", "via", via, "table", str(m)])
+        run(["ip", "route", "replace", "default", "via", via, "table", str(m)])
         if m not in self._rule_marks():
-            _run(["ip", "rule", "add", "priority", str(RULE_PRIORITY), "fwmark", str(m), "lookup", str(m)])
+            run(["ip", "rule", "add", "priority", str(RULE_PRIORITY), "fwmark", str(m), "lookup", str(m)])
         self._nodes.add(m)
 
     def routes(self) -> list[dict[str, Any]]:
@@ -158,16 +143,12 @@ class NftRouter:
         return self.routes()
 
     def lookup(self, addr: str) -> str | None:
-        addr = _check(addr)
+        addr = check(addr)
         m = self._owners().get(addr)
-        if m is not None:
-            return ip_of(m)
-        p = subprocess.run(["ip", "-j", "route", "get", addr], capture_output=True, text=True)
-        data = json.loads(p.stdout or "[]") if p.returncode == 0 else []
-        return data[0].get("gateway") if data else None
+        return ip_of(m) if m is not None else kernel_next_hop(addr)
 
     def switch(self, addr: str, via: str, drain: bool = False) -> dict[str, Any]:
-        addr, via = _check(addr), _check(via)
+        addr, via = check(addr), check(via)
         before = self.lookup(addr)
         self._ensure_node(via)
         # one transaction: no packet sees the service without an owner, or with half a change
@@ -181,14 +162,14 @@ class NftRouter:
             )
         )
         t0 = time.time()
-        _run(["nft", "-f", "-"], batch)
+        run(["nft", "-f", "-"], batch)
         t1 = time.time()
         return {"addr": addr, "via": via, "previous": before, "started": t0, "ended": t1, "draining": drain}
 
     def end_drain(self, addr: str, timeout: float) -> dict[str, Any]:
         """Wait until no connection pinned to another node is open (or ``timeout``), then let all
         packets follow the owner."""
-        addr = _check(addr)
+        addr = check(addr)
         t0 = time.time()
         owner = self._owners().get(addr)
         if addr not in self._draining():
@@ -199,13 +180,13 @@ class NftRouter:
             if pinned == 0 or time.monotonic() >= deadline:
                 break
             time.sleep(0.01)
-        _run(["nft", "destroy", "element", "ip", TABLE, "draining", f"{{ {addr} }}"])
+        run(["nft", "destroy", "element", "ip", TABLE, "draining", f"{{ {addr} }}"])
         return {"addr": addr, "drained_s": round(time.time() - t0, 4), "open": pinned, "forced": pinned > 0}
 
     def remove(self, addr: str) -> bool:
-        addr = _check(addr)
+        addr = check(addr)
         existed = addr in self._owners()
-        _run(
+        run(
             ["nft", "-f", "-"],
             f"destroy element ip {TABLE} owner {{ {addr} }}\ndestroy element ip {TABLE} draining {{ {addr} }}\n",
         )

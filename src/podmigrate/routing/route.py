@@ -7,27 +7,16 @@ netlink operation: packets go to the old node until it returns and to the new on
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import subprocess
 import time
 from typing import Any
 
-from podmigrate.errors import RoutingError, UsageError
+from podmigrate.routing import check, kernel_next_hop, run
 
 
 def _ip(*args: str) -> str:
-    p = subprocess.run(["ip", *args], capture_output=True, text=True)
-    if p.returncode:
-        raise RoutingError(f"ip {' '.join(args)} failed: {p.stderr.strip()}")
-    return p.stdout
-
-
-def _check(addr: str) -> str:
-    try:
-        return str(ipaddress.ip_address(addr))
-    except ValueError as e:
-        raise UsageError(f"not an IP address: {addr!r}") from e
+    return run(["ip", *args])
 
 
 class RouteRouter:
@@ -39,13 +28,11 @@ class RouteRouter:
 
     def lookup(self, addr: str) -> str | None:
         """The next hop the kernel uses for ``addr`` right now."""
-        p = subprocess.run(["ip", "-j", "route", "get", _check(addr)], capture_output=True, text=True)
-        data = json.loads(p.stdout or "[]") if p.returncode == 0 else []  # no route: unreachable
-        return data[0].get("gateway") if data else None
+        return kernel_next_hop(addr)
 
     def switch(self, addr: str, via: str, drain: bool = False) -> dict[str, Any]:
         # a route is per packet: there is nothing to drain with (``drain`` asks for what nft does)
-        addr, via = _check(addr), _check(via)
+        addr, via = check(addr), check(via)
         before = self.lookup(addr)
         t0 = time.time()
         _ip("route", "replace", f"{addr}/32", "via", via)
@@ -53,10 +40,10 @@ class RouteRouter:
         return {"addr": addr, "via": via, "previous": before, "started": t0, "ended": t1, "draining": False}
 
     def end_drain(self, addr: str, timeout: float) -> dict[str, Any]:
-        return {"addr": _check(addr), "drained_s": 0.0, "open": 0, "forced": False}
+        return {"addr": check(addr), "drained_s": 0.0, "open": 0, "forced": False}
 
     def remove(self, addr: str) -> bool:
-        p = subprocess.run(["ip", "route", "del", f"{_check(addr)}/32"], capture_output=True, text=True)
+        p = subprocess.run(["ip", "route", "del", f"{check(addr)}/32"], capture_output=True, text=True)
         return p.returncode == 0
 
     def services(self) -> list[dict[str, Any]]:
