@@ -68,3 +68,14 @@ def test_nothing_is_frozen_when_the_file_is_never_opened(tmp_path: Path, sleeper
     with freeze_when_opened(tmp_path / "absent.conf", cg) as none:  # no configuration to watch
         assert none is None
     assert not frozen(cg)
+
+
+def test_a_block_that_fails_thaws_the_cgroup_it_froze(tmp_path: Path, sleeper) -> None:
+    _, cg = sleeper
+    watched = tmp_path / "runc.conf"
+    watched.write_text("")
+    with pytest.raises(RuntimeError, match="dump failed"), freeze_when_opened(watched, cg):
+        watched.read_text()
+        wait_for(lambda: frozen(cg), 10, "the cgroup to be frozen")
+        raise RuntimeError("dump failed")
+    wait_for(lambda: not frozen(cg), 10, "the cgroup to thaw after the failure")

@@ -103,17 +103,20 @@ class FreezeOnOpen:
 @contextlib.contextmanager
 def freeze_when_opened(watched: Path, cgroup: Path | None) -> Iterator[FreezeOnOpen | None]:
     """While the block runs, freeze ``cgroup`` as soon as ``watched`` is opened (nothing if either
-    is unknown or cannot be watched: this only saves time). The caller thaws it again if the
-    operation fails."""
+    is unknown or cannot be watched: this only saves time). If the block raises, the operation
+    failed and the source must run again: the cgroup is thawed."""
     if cgroup is None:
         yield None
         return
     try:
-        watcher = FreezeOnOpen(watched, cgroup)
+        watcher: FreezeOnOpen | None = FreezeOnOpen(watched, cgroup)
     except OSError:  # no such file (runc hands CRIU no configuration): CRIU freezes on its own
-        yield None
-        return
+        watcher = None
     try:
         yield watcher
+    except BaseException:
+        thaw(cgroup)
+        raise
     finally:
-        watcher.close()
+        if watcher:
+            watcher.close()

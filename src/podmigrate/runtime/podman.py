@@ -348,12 +348,7 @@ class Podman:
         cgroup = freezer.cgroup_dir(pid) if pid > 0 else None
         t0 = time.time()
         with self.criu_options(*criu), freezer.freeze_when_opened(CRIU_CONF, cgroup) as early:
-            try:
-                p = self._run(*args, name, what=f"checkpoint of {name}")
-            except RuntimeBackendError:
-                if cgroup:  # frozen early for a dump that failed: the source must run again
-                    freezer.thaw(cgroup)
-                raise
+            p = self._run(*args, name, what=f"checkpoint of {name}")
         os.chmod(archive, 0o600)  # it holds the process's memory (the directory is 0700 too)
         stats = _stats(p.stdout)
         res = {"started": t0, "ended": time.time(), "stats": stats, "archive_bytes": archive.stat().st_size}
@@ -418,8 +413,6 @@ class Podman:
             while not listening(port):
                 if proc.poll() is not None or time.monotonic() > deadline:
                     out, errs = proc.communicate(timeout=10) if proc.poll() is not None else ("", "timed out")
-                    if cgroup:  # frozen early for a dump that failed: the source must run again
-                        freezer.thaw(cgroup)
                     raise RuntimeBackendError(
                         f"lazy checkpoint of {name} on {self.node} did not start serving pages: "
                         f"{(errs or out).strip().splitlines()[-1:] or proc.returncode}",
