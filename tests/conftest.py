@@ -28,6 +28,14 @@ def wait_for(pred: Callable[[], T | None], timeout: float, what: str, step: floa
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last value: {last!r})")
 
 
+def hold_connection(lan: Any, host: str, port: int = 8000) -> str:
+    """Open a keep-alive client connection from the LAN (the agent polls it every 50 ms) and wait
+    until it has carried a few requests; its id."""
+    conn: dict[str, Any] = lan.post("/v1/connections", {"host": host, "port": port, "interval": 0.05})
+    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
+    return str(conn["id"])
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason="lab tests need root")

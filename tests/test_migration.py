@@ -18,7 +18,7 @@ from podmigrate.errors import LabError, MigrationFailed, UsageError
 from podmigrate.workload import manage
 from podmigrate.workload.image import workload_image
 
-from .conftest import LAB_NAME, wait_for
+from .conftest import LAB_NAME, hold_connection, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -121,16 +121,15 @@ def test_migration_there_and_back_keeps_digest_and_counter(lab, workload):
 def test_an_open_client_tcp_connection_survives_the_migration(lab, workload):
     st = workload(heap_mb=32)
     lan = lab.agent("lan")
-    conn = lan.post("/v1/connections", {"host": st["ip"], "port": 8000, "interval": 0.05})
-    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
+    cid = hold_connection(lan, st["ip"])
     migrate(lab, Plan(workload=st["name"], target="node-b"))
-    before = lan.get(f"/v1/connections/{conn['id']}")["requests"]
+    before = lan.get(f"/v1/connections/{cid}")["requests"]
     wait_for(
-        lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= before + 10,
+        lambda: lan.get(f"/v1/connections/{cid}")["requests"] >= before + 10,
         60,
         "requests over the same connection after the migration",
     )
-    final = lan.delete(f"/v1/connections/{conn['id']}")
+    final = lan.delete(f"/v1/connections/{cid}")
     assert final["error"] is None and final["same_connection"], final
     assert not final["counter_went_backwards"]
     assert final["last_counter"] > final["first_counter"]
@@ -250,20 +249,19 @@ def test_a_pod_moves_whole_and_the_loopback_connection_through_its_sidecar_survi
     with pytest.raises(UsageError, match="pods move with --mode stop-copy or decoupled"):
         migrate(lab, Plan(workload=pod, target="node-b", mode="lazy"))
     lan = lab.agent("lan")
-    conn = lan.post("/v1/connections", {"host": st["ip"], "port": 8000, "interval": 0.05})
-    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
+    cid = hold_connection(lan, st["ip"])
     rec = migrate(lab, Plan(workload=pod, target="node-b"))
     assert rec["scope"] == "pod" and rec["pod"]["members"] == [f"{pod}-server", f"{pod}-sidecar"]
     assert rec["checks"] == {"sha256_equal": True, "counter_not_backwards": True, "same_process_start": True}
     after = manage.state(lab, pod)
     assert after["node"] == "node-b" and after["ip"] == st["ip"]
-    before = lan.get(f"/v1/connections/{conn['id']}")["requests"]
+    before = lan.get(f"/v1/connections/{cid}")["requests"]
     wait_for(
-        lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= before + 10,
+        lambda: lan.get(f"/v1/connections/{cid}")["requests"] >= before + 10,
         60,
         "requests through the sidecar over the same connection after the migration",
     )
-    final = lan.delete(f"/v1/connections/{conn['id']}")
+    final = lan.delete(f"/v1/connections/{cid}")
     assert final["error"] is None and final["same_connection"] and not final["counter_went_backwards"], final
     for node, ctrs in manage.inventory(lab).items():  # nothing of the pod left on the source
         assert node == "node-b" or not [c for c in ctrs if c["name"].startswith(pod)]
@@ -275,8 +273,7 @@ def test_checkpointing_one_member_of_a_pod_keeps_its_state_but_severs_the_sideca
     with pytest.raises(UsageError, match="has no member"):
         migrate(lab, Plan(workload=pod, target="node-b", only=("db",)))
     lan = lab.agent("lan")
-    conn = lan.post("/v1/connections", {"host": st["ip"], "port": 8000, "interval": 0.05})
-    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
+    cid = hold_connection(lan, st["ip"])
     rec = migrate(lab, Plan(workload=pod, target="node-b", only=(f"{pod}-server",)))
     assert rec["pod"]["checkpointed"] == [f"{pod}-server"] and [f["name"] for f in rec["pod"]["fresh"]] == [
         f"{pod}-sidecar"
@@ -285,12 +282,12 @@ def test_checkpointing_one_member_of_a_pod_keeps_its_state_but_severs_the_sideca
     # the checkpointed server kept its memory; the sidecar is a new process that never saw the client
     assert rec["checks"]["sha256_equal"] and manage.state(lab, pod)["node"] == "node-b"
     final = wait_for(
-        lambda: (c := lan.get(f"/v1/connections/{conn['id']}"))["error"] and c,
+        lambda: (c := lan.get(f"/v1/connections/{cid}"))["error"] and c,
         30,
         "the client's connection through the old sidecar to break",
     )
     assert final["error"]
-    lan.delete(f"/v1/connections/{conn['id']}")
+    lan.delete(f"/v1/connections/{cid}")
 
 
 @pytest.mark.parametrize(

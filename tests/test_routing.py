@@ -7,6 +7,7 @@ drain deadline passes). Stop-copy must not drain: its restored TCP connections m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -22,7 +23,7 @@ from podmigrate.errors import PodmigrateError
 from podmigrate.routing.nft import mark_of, pinned_elsewhere
 from podmigrate.workload import manage
 
-from .conftest import wait_for
+from .conftest import hold_connection, wait_for
 
 A, B = mark_of("10.77.0.11"), mark_of("10.77.0.12")
 
@@ -59,6 +60,35 @@ def test_only_open_connections_pinned_to_another_node_hold_a_drain(tmp_path: Pat
     assert pinned_elsewhere("10.89.1.7", A, str(table)) == 1
     assert pinned_elsewhere("10.89.1.9", B, str(table)) == 0
     assert pinned_elsewhere("10.89.1.7", B, str(tmp_path / "absent")) == 0
+
+
+@contextlib.contextmanager
+def migrating_while_draining(lab: Any, plan: Plan, addr: str) -> Iterator[dict[str, Any]]:
+    """Run ``plan`` in a thread; the block runs once ``addr`` drains (``out["draining"]``, its route).
+    Afterwards ``out["rec"]`` is the migration's record (its error, if any, is raised)."""
+    lan = lab.agent("lan")
+    out: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            out["rec"] = migrate(lab, plan)
+        except Exception as e:  # re-raised in the test's thread below
+            out["error"] = e
+
+    t = threading.Thread(target=run)
+    t.start()
+    try:
+        out["draining"] = wait_for(
+            lambda: [s for s in lan.get("/v1/routes") if s["dst"] == addr and s["draining"]],
+            120,
+            f"{addr} to drain",
+            step=0.02,
+        )[0]
+        yield out
+    finally:
+        t.join(180)
+    if "error" in out:
+        raise out["error"]
 
 
 @pytest.fixture
@@ -129,19 +159,18 @@ def test_stop_copy_under_the_nft_router_carries_an_open_connection_without_drain
     lab = nft_router
     st = workload(heap_mb=32)
     lan = lab.agent("lan")
-    conn = lan.post("/v1/connections", {"host": st["ip"], "port": 8000, "interval": 0.05})
-    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
+    cid = hold_connection(lan, st["ip"])
     rec = migrate(lab, Plan(workload=st["name"], target="node-b", transport="stream"))
     assert rec["cutover"]["router"] == "nft"
     assert [s["draining"] for s in rec["cutover"]["switches"]] == [False]
     assert "drain" not in rec["cutover"]
-    before = lan.get(f"/v1/connections/{conn['id']}")["requests"]
+    before = lan.get(f"/v1/connections/{cid}")["requests"]
     wait_for(
-        lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= before + 10,
+        lambda: lan.get(f"/v1/connections/{cid}")["requests"] >= before + 10,
         60,
         "requests over the same connection after the migration",
     )
-    final = lan.delete(f"/v1/connections/{conn['id']}")
+    final = lan.delete(f"/v1/connections/{cid}")
     assert final["error"] is None and final["same_connection"] and not final["counter_went_backwards"], final
     assert lan.get(f"/v1/routes/{st['ip']}")["via"] == layout.node_ip("node-b")
 
@@ -153,42 +182,22 @@ def test_decoupled_under_the_nft_router_lets_a_connection_open_at_the_cutover_fi
     lab = nft_router
     st = workload(heap_mb=32)
     lan = lab.agent("lan")
-    conn = lan.post("/v1/connections", {"host": st["ip"], "port": 8000, "interval": 0.05})
-    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["rec"] = migrate(
-                lab, Plan(workload=st["name"], target="node-b", mode="decoupled", transport="stream", drain_timeout=4)
-            )
-        except Exception as e:  # re-raised in the test's thread below
-            result["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
+    cid = hold_connection(lan, st["ip"])
+    plan = Plan(workload=st["name"], target="node-b", mode="decoupled", transport="stream", drain_timeout=4)
     try:
-        # new connections already reach the copy on node-b, while the open one is held by node-a
-        draining = wait_for(
-            lambda: [s for s in lan.get("/v1/routes") if s["dst"] == st["ip"] and s["draining"]],
-            120,
-            "the service address to drain",
-            step=0.02,
-        )
-        assert draining[0]["via"] == layout.node_ip("node-b")
-        during = lan.get(f"/v1/connections/{conn['id']}")
-        after = wait_for(
-            lambda: (c := lan.get(f"/v1/connections/{conn['id']}"))["requests"] >= during["requests"] + 10 and c,
-            30,
-            "requests over the open connection while draining",
-        )
-        assert after["error"] is None and after["same_connection"] and not after["counter_went_backwards"], after
-        assert lan.get(f"/v1/routes/{st['ip']}")["via"] == layout.node_ip("node-b")
+        with migrating_while_draining(lab, plan, st["ip"]) as result:
+            # new connections already reach the copy on node-b, while the open one is held by node-a
+            assert result["draining"]["via"] == layout.node_ip("node-b")
+            during = lan.get(f"/v1/connections/{cid}")
+            after = wait_for(
+                lambda: (c := lan.get(f"/v1/connections/{cid}"))["requests"] >= during["requests"] + 10 and c,
+                30,
+                "requests over the open connection while draining",
+            )
+            assert after["error"] is None and after["same_connection"] and not after["counter_went_backwards"], after
+            assert lan.get(f"/v1/routes/{st['ip']}")["via"] == layout.node_ip("node-b")
     finally:
-        t.join(180)
-        lan.delete(f"/v1/connections/{conn['id']}")
-    if "error" in result:
-        raise result["error"]
+        lan.delete(f"/v1/connections/{cid}")
     rec = result["rec"]
     assert rec["state"] == "kept" and rec["checks"]["sha256_equal"]
     # the keep-alive connection never ends by itself: the drain waited its full deadline, then cut it
@@ -203,37 +212,20 @@ def test_a_pod_moves_decoupled_and_a_connection_through_its_sidecar_finishes_on_
     st = workload(heap_mb=16, sidecar=True)
     pod = st["name"].removesuffix("-server")
     lan = lab.agent("lan")
-    conn = lan.post("/v1/connections", {"host": st["ip"], "port": 8000, "interval": 0.05})
-    wait_for(lambda: lan.get(f"/v1/connections/{conn['id']}")["requests"] >= 5, 10, "requests before")
-    result: dict[str, Any] = {}
-
-    def run() -> None:
-        try:
-            result["rec"] = migrate(lab, Plan(workload=pod, target="node-b", mode="decoupled", drain_timeout=4))
-        except Exception as e:  # re-raised in the test's thread below
-            result["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
+    cid = hold_connection(lan, st["ip"])
     try:
-        wait_for(
-            lambda: [s for s in lan.get("/v1/routes") if s["dst"] == st["ip"] and s["draining"]],
-            120,
-            "the pod's address to drain",
-            step=0.02,
-        )
-        during = lan.get(f"/v1/connections/{conn['id']}")
-        after = wait_for(
-            lambda: (c := lan.get(f"/v1/connections/{conn['id']}"))["requests"] >= during["requests"] + 10 and c,
-            30,
-            "requests through the source pod's sidecar while draining",
-        )
-        assert after["error"] is None and after["same_connection"] and not after["counter_went_backwards"], after
+        with migrating_while_draining(
+            lab, Plan(workload=pod, target="node-b", mode="decoupled", drain_timeout=4), st["ip"]
+        ) as result:
+            during = lan.get(f"/v1/connections/{cid}")
+            after = wait_for(
+                lambda: (c := lan.get(f"/v1/connections/{cid}"))["requests"] >= during["requests"] + 10 and c,
+                30,
+                "requests through the source pod's sidecar while draining",
+            )
+            assert after["error"] is None and after["same_connection"] and not after["counter_went_backwards"], after
     finally:
-        t.join(180)
-        lan.delete(f"/v1/connections/{conn['id']}")
-    if "error" in result:
-        raise result["error"]
+        lan.delete(f"/v1/connections/{cid}")
     rec = result["rec"]
     assert rec["scope"] == "pod" and rec["mode"] == "decoupled"
     assert rec["checks"]["sha256_equal"] and rec["checks"]["same_process_start"]
