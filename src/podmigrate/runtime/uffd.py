@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import functools
 import os
 import platform
 import struct
@@ -33,6 +34,7 @@ UFFDIO_WAKE = (2 << 30) | (16 << 16) | (0xAA << 8) | 0x02
 TASK_SIZE = {"x86_64": (1 << 47) - 4096}
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
 
