@@ -1,4 +1,4 @@
-"""The host-side client of node agents: HTTP over each agent's Unix socket, errors rebuilt as raised.
+"""The client of node agents: HTTP over each agent's Unix socket (or a URL), errors rebuilt as raised.
 
 The socket files live in the lab's state directory, which the agents see through a bind mount, so
 the host reaches agents in other network namespaces without joining them.
@@ -15,12 +15,29 @@ from podmigrate.errors import AgentError, PodmigrateError
 
 
 class AgentClient:
-    def __init__(self, name: str, socket_path: Path, token: str, timeout: float = 900.0):
+    """One agent, over its Unix socket (``socket_path``), a URL (``base_url``: agent to agent, the
+    Kubernetes operator) or any httpx transport (``transport``: the fake agents of the unit tests)."""
+
+    def __init__(
+        self,
+        name: str,
+        socket_path: Path | None,
+        token: str,
+        timeout: float = 900.0,
+        *,
+        base_url: str = "http://agent",
+        transport: httpx.BaseTransport | None = None,
+        unreachable_hint: str = "check `podmigrate lab status`; `podmigrate lab up` restarts missing agents",
+    ):
         self.name = name
+        self.unreachable_hint = unreachable_hint
         self.socket_path = socket_path
+        self.base_url = base_url
+        if transport is None and socket_path is not None:
+            transport = httpx.HTTPTransport(uds=str(socket_path))
         self._http = httpx.Client(
-            transport=httpx.HTTPTransport(uds=str(socket_path)),
-            base_url="http://agent",
+            transport=transport,
+            base_url=base_url,
             timeout=httpx.Timeout(timeout, connect=5.0),
             headers={"Authorization": f"Bearer {token}"},
         )
@@ -35,9 +52,10 @@ class AgentClient:
                 kw["timeout"] = timeout
             resp = self._http.request(method, path, **kw)
         except httpx.TransportError as e:
+            where = f" at {self.base_url}" if self.socket_path is None else ""
             raise AgentError(
-                f"agent {self.name} unreachable ({type(e).__name__}: {e})",
-                hint="check `podmigrate lab status`; `podmigrate lab up` restarts missing agents",
+                f"agent {self.name} unreachable{where} ({type(e).__name__}: {e})",
+                hint=self.unreachable_hint,
                 details={"node": self.name},
             ) from e
         try:

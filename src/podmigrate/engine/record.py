@@ -1,23 +1,10 @@
-"""Migration records and their store.
+"""Migration records, field by field, and the lab's store of them (SQLite).
 
-A record is a JSON object, written after every step, so that a controller that dies mid-migration
-leaves enough behind for the next command to roll it back. Fields:
-
-- ``id``: ``YYYYmmdd-HHMMSS-xxxxxx``; also the checkpoint's file name and registry tag.
-- ``workload``, ``container``: what moves (the container name on both nodes; the pod's name when
-  ``scope`` is ``pod``, with ``pod``: ``{name, infra, members, mac}``).
-- ``source``, ``target``: node names. ``mode``: ``stop-copy`` | ``decoupled`` | ``lazy`` | ``cold``.
-  ``transport``: ``registry`` | ``stream`` | ``archive`` (``none`` for cold).
-- ``status``: ``running`` -> ``completed`` | ``rolled_back`` | ``failed`` (a rollback failed, or a lazy
-  migration failed after its copy ran: then nothing is rolled back).
-- ``phase``: the phase running or last run. ``phases``: list of ``{name, started, ended, ok, info}``
-  with epoch seconds; ``rollbacks``: what was undone, in order.
-- ``controller_pid``: the process running it (a dead pid with status running means: recover).
-- ``error``: ``{kind, message, hint, details}`` of the failure, if any.
-- results: ``blackout_s`` (and ``blackout_cutover_s``), ``blackout``, ``drift``, ``state``
-  (kept/lost), ``bytes`` and ``bytes_moved``, ``criu``, ``state_before``, ``state_after``, ``checks``,
-  ``service_addresses``, ``leftovers`` (copies a failed undo could not delete; see ``gc``),
-  ``warnings`` (e.g. pod members that start fresh with ``Plan.only``).
+A record is written after every step, so that a controller that dies mid-migration leaves enough
+behind for the next one to roll it back or finish it (``engine.runner``). ``RunRecord`` holds what
+the runner itself keeps, for the lab and Kubernetes alike; ``Record`` is the lab's record
+(``engine.phases`` fill it in); the Kubernetes record is ``k8s.phases.K8sRecord``. Times are epoch
+seconds (floats), sizes bytes.
 """
 
 from __future__ import annotations
@@ -26,12 +13,184 @@ import json
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, TypedDict, cast
 
-Record = dict[str, Any]
+# Statuses: running -> completed | rolled_back | failed; rolling_back while the undos run (a
+# controller that dies then leaves it for the next one to finish the rollback).
+ACTIVE = ("running", "rolling_back")
+FINISHED = ("completed", "rolled_back", "failed")
+
+
+class PhaseEntry(TypedDict, total=False):
+    name: str
+    started: float
+    ended: float
+    ok: bool  # finished without error (a phase after the commit that failed: False, and run past)
+
+
+class Rollback(TypedDict, total=False):
+    phase: str
+    ok: bool
+    did: str  # what the undo did, for people
+    error: str  # why it failed
+    at: float
+
+
+class Leftover(TypedDict):
+    """A copy (archive, image) a failed undo could not delete: the workload is safe; see ``gc``."""
+
+    phase: str
+    error: str
+
+
+class RunRecord(TypedDict, total=False):
+    """The runner's part of every record."""
+
+    id: str  # YYYYmmdd-HHMMSS-xxxxxx (lab) or YYYYmmddHHMMSS-xxxxxx (Kubernetes): also the checkpoint's tag
+    status: str  # see ACTIVE and FINISHED
+    phase: str | None  # the phase running or last run
+    phases: list[PhaseEntry]  # in the order they started; a phase run again replaces its entry
+    done: list[str]  # phases finished (or, past the commit, given up on): a resumed run skips them
+    rollbacks: list[Rollback]  # the undos, in the order they ran
+    error: dict[str, Any]  # the failure, as ``PodmigrateError.to_wire()``: kind, message, hint, details
+    hint: str  # what to do about a failure that was not rolled back
+    leftovers: list[Leftover]
+    warnings: list[str]  # what the user should know: partial checkpoints, cleanup that failed
+    recovered_at: float  # when a later controller finished what a dead one left
+
+
+class PlanDict(TypedDict):
+    """The request as given (``engine.controller.Plan``)."""
+
+    workload: str
+    target: str
+    mode: str
+    transport: str
+    compression: str
+    tcp_established: bool
+    only: tuple[str, ...] | list[str]
+    probe: str | None
+    probe_interval: float
+    verify_timeout: float
+    drain_timeout: float
+
+
+class PodPlan(TypedDict, total=False):
+    name: str
+    infra: str
+    members: list[str]  # every container of the pod
+    mac: str | None  # the pod's MAC, kept by the copy
+    checkpointed: list[str]  # the members that keep their state (all, unless --only-container)
+    fresh: list[dict[str, Any]]  # run specs of the others, started afresh on the target
+
+
+class ProbeRec(TypedDict, total=False):
+    host: str  # the service address
+    port: int
+    path: str | None  # HTTP path, or None for a TCP connect
+    interval: float
+    id: str  # the LAN agent's prober while it runs
+    log: str  # where its answers were written
+    records: int  # how many answers it logged
+
+
+class Bytes(TypedDict, total=False):
+    archive: int  # the checkpoint archive (pods: all members)
+    pages: int  # memory pages streamed into a page server or pulled by a lazy copy
+    pushed: int  # to the registry
+    pulled: int  # from the registry
+    sent: int  # agent to agent
+
+
+class CheckpointImage(TypedDict):
+    reference: str
+    manifest_digest: str
+    layer_digest: str
+
+
+class Lazy(TypedDict, total=False):
+    address: str  # the source's lazy-pages server
+    port: int
+    times: dict[str, float]  # podman started, frozen by us, CRIU serving pages, target's part packed
+    lan_tx_before: int | None  # the source's LAN transmit counter when the copy started
+    wake_faults: bool  # the target ran the fault waker (runtime/uffd.py)
+    source_rc: int | None
+    daemon_rc: int | None
+    all_pages_at: float
+    waker: dict[str, Any]
+
+
+class Cutover(TypedDict, total=False):
+    router: str | None  # route | nft
+    switches: list[dict[str, Any]]  # the LAN agent's answer per service address (started, ended, draining)
+    switch_s: float
+    drain: list[dict[str, Any]]  # decoupled with nft: how the draining ended (drained_s, open, forced)
+
+
+class Record(RunRecord, total=False):
+    """A lab migration."""
+
+    workload: str  # as the user named it
+    container: str  # the container on both nodes (the pod's name when scope is pod)
+    container_id: str  # the source container's ID: a failed restore may leave storage under it
+    scope: str  # container | pod
+    pod: PodPlan
+    source: str | None  # node names
+    target: str
+    mode: str  # stop-copy | decoupled | lazy | cold
+    transport: str  # registry | stream | archive (pods), none (cold)
+    plan: PlanDict
+    reference: str  # the checkpoint image's reference (registry transport)
+    created: float
+    updated: float
+    controller_pid: int  # a dead pid with an active status means: recover
+    image: str  # the container's base image
+    target_image: dict[str, Any]  # the target agent's answer to fetching it (validate)
+    target_memory: dict[str, Any]  # memory warmed on the target for the restore (reserve-memory)
+    service_addresses: list[str]  # the addresses that move with the workload
+    nodes: dict[str, dict[str, Any]]  # versions, free disk and capabilities of both nodes at validate
+    spec: dict[str, Any]  # cold: how to start the container afresh
+    probe: ProbeRec
+    state_before: dict[str, Any] | None  # the workload's /state before and after
+    state_after: dict[str, Any] | None
+    page_server: dict[str, Any] | None  # stream: the target's page server (address, port)
+    leave_stopped: bool  # stream stop-copy: the source stays frozen (not killed) until the target serves
+    freeze_started: float  # when the source stopped serving (dump or stop began)
+    checkpoint_at: float  # when the dump ended
+    restored_at: float
+    first_answer_at: float
+    criu: dict[str, Any]  # CRIU's statistics: dump, restore (pods: per member)
+    bytes: Bytes
+    checkpoint_image: CheckpointImage
+    stream: dict[str, Any]  # sha256 and seconds of the agent-to-agent copy
+    lazy: Lazy
+    cutover: Cutover
+    checks: dict[str, bool]  # sha256_equal, counter_not_backwards, same_process_start
+    state: str  # kept | lost
+    blackout: dict[str, Any]  # engine.blackout's figures from the probe log (and at_cutover, counters)
+    drift: dict[str, Any]  # counter: ticks the source ran past the checkpoint; since_checkpoint_s
+    cleanup_warnings: list[str]
+    # derived by engine.summary
+    phase_s: dict[str, float]
+    blackout_s: float
+    blackout_method: str  # probe | controller
+    blackout_cutover_s: float
+    bytes_moved: int
+    throughput_mb_s: float | None
+
+
+Records = list[Record]
+
+
+class RecordStore(Protocol):
+    """Where a controller keeps its records: SQLite in the lab, the resource's status on Kubernetes."""
+
+    def save(self, rec: Any) -> None: ...
 
 
 class Store:
+    """The lab's records, in SQLite in the lab's state directory (safe for concurrent commands)."""
+
     def __init__(self, path: Path):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,15 +224,18 @@ class Store:
     def get(self, mid: str) -> Record | None:
         with self._db() as db:
             row = db.execute("SELECT record FROM migrations WHERE id=?", (mid,)).fetchone()
-        return json.loads(row[0]) if row else None
+        return cast(Record, json.loads(row[0])) if row else None
 
-    def list(self, status: str | None = None, limit: int = 100) -> list[Record]:
+    def list(self, status: str | tuple[str, ...] | None = None, limit: int = 100) -> list[Record]:
         q = "SELECT record FROM migrations"
-        args: tuple[Any, ...] = ()
-        if status:
-            q += " WHERE status=?"
-            args = (status,)
+        statuses = (status,) if isinstance(status, str) else status or ()
+        if statuses:
+            q += f" WHERE status IN ({','.join('?' * len(statuses))})"
         q += " ORDER BY created DESC LIMIT ?"
         with self._db() as db:
-            rows = db.execute(q, (*args, limit)).fetchall()
-        return [json.loads(r[0]) for r in rows]
+            rows = db.execute(q, (*statuses, limit)).fetchall()
+        return [cast(Record, json.loads(r[0])) for r in rows]
+
+    def active(self) -> Records:
+        """Migrations a controller is running or rolling back (or left so when it died)."""
+        return self.list(status=ACTIVE)

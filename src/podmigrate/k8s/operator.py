@@ -22,13 +22,14 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import kopf
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from podmigrate.k8s import api as k
 from podmigrate.k8s import controller
+from podmigrate.k8s.context import K8sRecord
 from podmigrate.k8s.crd import GROUP, PLURAL, TERMINAL, VERSION
 
 MIGRATIONS = Counter("podmigrate_migrations_total", "Finished migrations by result and mode", ["result", "mode"])
@@ -104,7 +105,7 @@ def session(
             yield None
             return
         status = live.get("status") or {}
-        rec = dict(status.get("record") or {})
+        rec = cast(K8sRecord, dict(status.get("record") or {}))
         spec = rec.get("spec") or dict(live.get("spec") or {})
         ctx = controller.Ctx(api, agents, cfg, namespace, name, spec, rec, event)
         if on_phase:

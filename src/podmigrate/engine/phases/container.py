@@ -1,0 +1,153 @@
+"""The phases that move one container's checkpoint (lab): dump, the three transports, restore; and
+the cold baseline's stop and start.
+
+Neighbours: ``validate`` before them, ``traffic`` after (cutover, verify, cleanup), ``lazy`` and
+``pod`` for the variants of checkpoint and restore; ``engine.plans`` orders them.
+"""
+
+from __future__ import annotations
+
+from podmigrate.engine.phases.context import Ctx
+from podmigrate.errors import PodmigrateError
+
+
+def checkpoint(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["source"] or "").post(
+        f"/v1/containers/{rec['container']}/checkpoint",
+        {
+            "checkpoint_id": rec["id"],
+            "tcp_established": rec["plan"]["tcp_established"],
+            "leave_running": rec["mode"] == "decoupled",
+            # streamed: pages go straight to the target's page server; a stop-copy source stays
+            # frozen (not killed) until the target serves, as the copy to roll back to
+            "page_server": rec.get("page_server"),
+            "leave_stopped": rec.get("leave_stopped", False),
+        },
+    )
+    rec["freeze_started"] = res["started"]
+    rec["checkpoint_at"] = res["ended"]
+    rec.setdefault("criu", {})["dump"] = res["stats"]
+    rec.setdefault("bytes", {})["archive"] = res["archive_bytes"]
+    if rec.get("page_server"):
+        rec["bytes"]["pages"] = int(res["stats"].get("pages_written", 0)) * 4096
+
+
+def undo_checkpoint(ctx: Ctx) -> str:
+    rec = ctx.rec
+    src = ctx.agent(rec["source"] or "")
+    c = {x["name"]: x for x in src.get("/v1/containers")}.get(rec["container"])
+    out = "source container untouched"
+    if c and c["state"] == "running" and rec.get("leave_stopped"):
+        res = src.post(f"/v1/containers/{rec['container']}/resume")
+        out = f"resumed {rec['container']} on {rec['source']} ({len(res['woken'])} tasks, unlocked {res['unlocked']})"
+    if c and c["state"] != "running":
+        src.post(f"/v1/containers/{rec['container']}/restore", {"tcp_established": rec["plan"]["tcp_established"]})
+        out = f"restored {rec['container']} in place on {rec['source']}"
+    src.delete(f"/v1/checkpoints/{rec['id']}")
+    return out
+
+
+def push(ctx: Ctx) -> None:
+    from podmigrate.transport.registry import checkpoint_annotations
+
+    rec = ctx.rec
+    ann = checkpoint_annotations(
+        rec["container"], {"io.podmigrate.migration": rec["id"], "io.podmigrate.source-node": rec["source"] or ""}
+    )
+    res = ctx.agent(rec["source"] or "").post(
+        f"/v1/checkpoints/{rec['id']}/push",
+        {"reference": rec["reference"], "annotations": ann, "compression": rec["plan"].get("compression", "none")},
+    )
+    rec["checkpoint_image"] = {
+        "reference": res["reference"],
+        "manifest_digest": res["manifest_digest"],
+        "layer_digest": res["layer_digest"],
+    }
+    rec["bytes"]["pushed"] = res["bytes"]
+
+
+def undo_push(ctx: Ctx) -> str:
+    rec = ctx.rec
+    gone = ctx.agent(rec["source"] or "").post(
+        "/v1/registry/delete", {"reference": rec["reference"], "checkpoint_id": rec["id"]}
+    )["deleted"]
+    return f"deleted {rec['reference']}" if gone else "no image to delete"
+
+
+def pull(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["target"]).post(f"/v1/checkpoints/{rec['id']}/pull", {"reference": rec["reference"]})
+    if res["layer_digest"] != rec["checkpoint_image"]["layer_digest"]:
+        raise PodmigrateError(
+            f"the registry served {res['layer_digest']} for {rec['reference']}, but "
+            f"{rec['checkpoint_image']['layer_digest']} was pushed"
+        )
+    rec["bytes"]["pulled"] = res["bytes"]
+
+
+def delete_target_copy(ctx: Ctx) -> str:
+    """The undo of everything that put checkpoint data on the target: pull, transfer, page server."""
+    ctx.agent(ctx.rec["target"]).delete(f"/v1/checkpoints/{ctx.rec['id']}")
+    return f"deleted the archive on {ctx.rec['target']}"
+
+
+def transfer(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["source"] or "").post(f"/v1/checkpoints/{rec['id']}/send", {"node": rec["target"]})
+    rec["bytes"]["sent"] = res["bytes"]
+    rec["stream"] = {"sha256": res["sha256"], "seconds": round(res["ended"] - res["started"], 4)}
+
+
+def page_server(ctx: Ctx) -> None:
+    rec = ctx.rec
+    rec["page_server"] = ctx.agent(rec["target"]).post(f"/v1/checkpoints/{rec['id']}/page-server")
+    rec["leave_stopped"] = rec["mode"] == "stop-copy"
+
+
+def restore(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["target"]).post(
+        f"/v1/checkpoints/{rec['id']}/restore",
+        {"image": rec["image"], "tcp_established": rec["plan"]["tcp_established"]},
+    )
+    rec["criu"]["restore"] = res["stats"]
+    rec["restored_at"] = res["ended"]
+    new = {c["name"]: c for c in ctx.agent(rec["target"]).get("/v1/containers")}.get(rec["container"])
+    if not new or new["state"] != "running":
+        raise PodmigrateError(f"{rec['container']} is not running on {rec['target']} after restore")
+    if sorted(new["ips"]) != sorted(rec["service_addresses"]):
+        raise PodmigrateError(
+            f"{rec['container']} came back with addresses {new['ips']}, not {rec['service_addresses']}"
+        )
+
+
+def undo_restore(ctx: Ctx) -> str:
+    rec = ctx.rec
+    tgt = ctx.agent(rec["target"])
+    if any(c["name"] == rec["container"] for c in tgt.get("/v1/containers")):
+        tgt.delete(f"/v1/containers/{rec['container']}")
+        return f"removed {rec['container']} from {rec['target']}"
+    if rec.get("container_id"):  # a failed restore may have left storage under the container's ID
+        tgt.delete(f"/v1/containers/{rec['container_id']}")
+    return "nothing restored on the target"
+
+
+def stop(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["source"] or "").post(f"/v1/containers/{rec['container']}/stop", {"timeout": 2})
+    rec["freeze_started"] = res["started"]
+
+
+def undo_stop(ctx: Ctx) -> str:
+    rec = ctx.rec
+    src = ctx.agent(rec["source"] or "")
+    c = {x["name"]: x for x in src.get("/v1/containers")}.get(rec["container"])
+    if c and c["state"] != "running":
+        src.post(f"/v1/containers/{rec['container']}/start")
+        return f"started {rec['container']} again on {rec['source']} (cold: its memory was lost)"
+    return "source container untouched"
+
+
+def start_fresh(ctx: Ctx) -> None:
+    ctx.agent(ctx.rec["target"]).post("/v1/containers", dict(ctx.rec["spec"]))

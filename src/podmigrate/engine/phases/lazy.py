@@ -1,0 +1,89 @@
+"""Post-copy (lazy) phases (lab): dump all but the memory, restore at once, pull the pages after.
+
+Neighbours: ``container`` (transfer and undo_restore are shared), ``traffic``; the agents' lazy
+routes drive CRIU's lazy-pages daemon and the fault waker (``runtime/uffd.py``).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from podmigrate.engine.phases.context import Ctx
+from podmigrate.errors import PodmigrateError
+
+
+def lazy_checkpoint(ctx: Ctx) -> None:
+    rec = ctx.rec
+    res = ctx.agent(rec["source"] or "").post(
+        f"/v1/containers/{rec['container']}/checkpoint-lazy",
+        {"checkpoint_id": rec["id"], "tcp_established": rec["plan"]["tcp_established"]},
+    )
+    rec["freeze_started"] = res["started"]
+    rec["checkpoint_at"] = res["ended"]
+    # podman started, CRIU serving pages (the tasks frozen and dumped but for their memory), the
+    # target's part packed
+    rec["lazy"] = {"address": res["address"], "port": res["port"], "times": res.get("times", {})}
+    rec.setdefault("criu", {})["dump"] = res["stats"]
+    rec.setdefault("bytes", {})["archive"] = res["archive_bytes"]
+
+
+def undo_lazy_checkpoint(ctx: Ctx) -> str:
+    rec = ctx.rec
+    src = ctx.agent(rec["source"] or "")
+    res = src.post(f"/v1/checkpoints/{rec['id']}/abort-lazy")
+    src.delete(f"/v1/checkpoints/{rec['id']}")
+    c = {x["name"]: x for x in src.get("/v1/containers")}.get(rec["container"])
+    if not c or c["state"] != "running":
+        raise PodmigrateError(
+            f"after aborting the lazy dump, {rec['container']} on {rec['source']} is {c['state'] if c else 'gone'}"
+        )
+    # CRIU thaws the tasks on that error path but leaves its network lock in place
+    woke = src.post(f"/v1/containers/{rec['container']}/resume")
+    return (
+        f"the lazy dump gave up (exit {res.get('rc')}); {rec['container']} runs on {rec['source']}, "
+        f"unlocked {woke['unlocked']}"
+    )
+
+
+def lazy_restore(ctx: Ctx) -> None:
+    rec = ctx.rec
+    # from now on what leaves the source on its LAN link is the pages the copy pulls (and a few probe
+    # answers): lazy dumps have no page counts of their own (CRIU 4.2's stats-dump is empty for them)
+    status = ctx.agent(rec["source"] or "").get(f"/v1/checkpoints/{rec['id']}/lazy")
+    rec["lazy"]["lan_tx_before"] = status.get("lan_tx_bytes")
+    res = ctx.agent(rec["target"]).post(
+        f"/v1/checkpoints/{rec['id']}/restore-lazy",
+        {
+            **rec["lazy"],
+            "image": rec["image"],
+            "tcp_established": rec["plan"]["tcp_established"],
+            # off only to measure what the waker saves (runtime/uffd.py)
+            "wake_faults": os.environ.get("PODMIGRATE_LAZY_WAKE", "1") != "0",
+        },
+    )
+    rec["lazy"]["wake_faults"] = res.get("wake_faults", False)
+    rec["criu"]["restore"] = res["stats"]
+    rec["restored_at"] = res["ended"]
+
+
+def lazy_pages(ctx: Ctx) -> None:
+    """Wait until every page has moved: the target's lazy-pages daemon and the source's dump end."""
+    rec = ctx.rec
+    deadline = time.monotonic() + 1800
+    while time.monotonic() < deadline:
+        status = ctx.agent(rec["source"] or "").get(f"/v1/checkpoints/{rec['id']}/lazy")
+        src = status.get("src", {})
+        target = ctx.agent(rec["target"]).get(f"/v1/checkpoints/{rec['id']}/lazy")
+        dst = target.get("dst", {})
+        if not src.get("running") and not dst.get("running"):
+            lazy = rec["lazy"]
+            lazy["source_rc"], lazy["daemon_rc"], lazy["all_pages_at"] = src.get("rc"), dst.get("rc"), time.time()
+            if target.get("waker"):
+                lazy["waker"] = target["waker"]
+            before, after = lazy.get("lan_tx_before"), status.get("lan_tx_bytes")
+            if before is not None and after is not None:
+                rec.setdefault("bytes", {})["pages"] = after - before
+            return
+        time.sleep(0.1)
+    raise PodmigrateError("the lazy page transfer did not finish within 30 minutes")

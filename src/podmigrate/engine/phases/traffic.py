@@ -1,0 +1,177 @@
+"""The phases around the service's traffic (lab): the prober, cutover, verify and cleanup.
+
+Neighbours: ``container``, ``lazy`` and ``pod`` move the workload before these run; the LAN agent
+(``agent.lan``) routes, drains and probes; ``engine.blackout`` turns the probe log into figures.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Callable
+
+from podmigrate import layout
+from podmigrate.engine.blackout import blackout, counters_monotonic
+from podmigrate.engine.phases.context import Ctx
+from podmigrate.engine.record import Record
+from podmigrate.errors import PodmigrateError
+from podmigrate.workload import manage
+
+
+def start_probe(ctx: Ctx) -> None:
+    probe = ctx.rec.get("probe")
+    if probe and "id" not in probe:
+        probe["id"] = ctx.agent("lan").post("/v1/probes", dict(probe))["id"]
+        # a few answers before the freeze, so that "last success before" exists
+        time.sleep(0.1)
+
+
+def stop_probe_quietly(ctx: Ctx) -> None:
+    probe = ctx.rec.get("probe") or {}
+    if probe.get("id") and "records" not in probe:
+        with contextlib.suppress(PodmigrateError):
+            ctx.agent("lan").delete(f"/v1/probes/{probe['id']}")
+
+
+def cutover(ctx: Ctx) -> None:
+    rec = ctx.rec
+    lan = ctx.agent("lan")
+    # decoupled: the source still serves, so connections it holds may finish there (if the router
+    # can drain); the other modes froze the source and their restored connections must move now
+    drain = rec["mode"] == "decoupled"
+    switches = [
+        lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(rec["target"]), "drain": drain})
+        for ip in rec["service_addresses"]
+    ]
+    rec["cutover"] = {
+        "router": switches[0].get("router", "route") if switches else None,
+        "switches": switches,
+        "switch_s": round(sum(s["ended"] - s["started"] for s in switches), 6),
+    }
+
+
+def undo_cutover(ctx: Ctx) -> str:
+    rec = ctx.rec
+    lan = ctx.agent("lan")
+    for ip in rec["service_addresses"]:
+        lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(rec["source"] or "")})
+    return f"routed {', '.join(rec['service_addresses'])} back to {rec['source']}"
+
+
+def end_drain(ctx: Ctx) -> None:
+    """Let connections still open on the source finish (bounded by ``drain_timeout``), then send
+    everything to the target: called just before the source is retired."""
+    rec = ctx.rec
+    cut = rec.get("cutover") or {}
+    draining = [s["addr"] for s in cut.get("switches", []) if s.get("draining")]
+    if not draining:
+        return
+    lan = ctx.agent("lan")
+    timeout = float(rec["plan"].get("drain_timeout", 2.0))
+    cut["drain"] = [lan.post(f"/v1/routes/{ip}/drain", {"timeout": timeout}, timeout=timeout + 30) for ip in draining]
+
+
+def verify(ctx: Ctx) -> None:
+    rec = ctx.rec
+    probe = rec.get("probe")
+    if probe and probe["path"]:
+        url = f"http://{probe['host']}:{probe['port']}{probe['path']}"
+        deadline = time.monotonic() + rec["plan"]["verify_timeout"]
+        while not manage.lan_get(ctx.lab, url, timeout=2)["ok"]:
+            if time.monotonic() > deadline:
+                raise PodmigrateError(f"{rec['container']} does not answer at {url} on {rec['target']}")
+            time.sleep(0.02)
+        rec["first_answer_at"] = time.time()
+    before = rec.get("state_before")
+    if probe and before:
+        after = manage.read_state(ctx.lab, probe["host"], probe["port"])
+        rec["state_after"] = after
+        if after is None:
+            raise PodmigrateError(f"{rec['container']} answers but /state fails on {rec['target']}")
+        same_process = after.get("started") == before.get("started")
+        checks = {
+            "sha256_equal": after.get("sha256") == before.get("sha256"),
+            "counter_not_backwards": after.get("counter", -1) >= before.get("counter", 0),
+            "same_process_start": same_process,
+        }
+        rec["checks"] = checks
+        if rec["mode"] == "cold":
+            # by design: a fresh process from the image; the heap is regenerated from the same seed,
+            # so its digest matches, but everything the process did (the counter) is gone
+            rec["state"] = "lost" if not same_process else "kept"
+        elif not all(checks.values()):
+            raise PodmigrateError(
+                f"state check failed after restore on {rec['target']}: {checks}",
+                details={"before": before, "after": after},
+            )
+        else:
+            rec["state"] = "kept"
+    finish_probe(ctx)
+
+
+def finish_probe(ctx: Ctx) -> None:
+    rec = ctx.rec
+    probe = rec.get("probe")
+    if not probe or not probe.get("id") or "records" in probe:
+        return
+    lan = ctx.agent("lan")
+    cut = (rec.get("cutover") or {}).get("switches", [{}])[-1].get("ended", time.time())
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # wait for a few answers after the switch, then stop
+        recs = lan.get(f"/v1/probes/{probe['id']}")
+        if sum(1 for r in recs if r["ok"] and r["sent"] > cut) >= 3:
+            break
+        time.sleep(0.05)
+    records = lan.delete(f"/v1/probes/{probe['id']}")
+    log = ctx.lab.dir / "probes" / f"{rec['id']}.json"
+    log.parent.mkdir(exist_ok=True)
+    log.write_text(json.dumps(records))
+    probe["log"] = str(log)
+    start = float(rec.get("freeze_started") or rec["created"])
+    b = blackout(records, start - 0.05, time.time())
+    b["counters"] = counters_monotonic(records, cut)
+    if rec.get("cutover"):
+        b["at_cutover"] = blackout(records, rec["cutover"]["switches"][0]["started"] - 0.05, time.time())
+    probe["records"] = len(records)
+    rec["blackout"] = b
+    if rec["mode"] == "decoupled":
+        c = b["counters"]
+        lost = (
+            (c["max_before"] - c["min_after"]) if c["max_before"] is not None and c["min_after"] is not None else None
+        )
+        rec["drift"] = {"counter": lost, "since_checkpoint_s": round(cut - rec["checkpoint_at"], 4)}
+    elif rec["mode"] in ("stop-copy", "lazy"):  # the copy resumes exactly where the source froze
+        rec["drift"] = {"counter": 0, "since_checkpoint_s": 0.0}
+
+
+def release_target_memory(ctx: Ctx) -> None:
+    """Memory warmed for a restore that will not come (the agent also lets it go by itself)."""
+    rec: Record = ctx.rec
+    if rec.get("target_memory"):
+        with contextlib.suppress(PodmigrateError):
+            ctx.agent(rec["target"]).post(f"/v1/checkpoints/{rec['id']}/release-memory")
+
+
+def cleanup(ctx: Ctx) -> None:
+    release_target_memory(ctx)
+    rec = ctx.rec
+    src, tgt = rec["source"] or "", rec["target"]
+    warnings: list[str] = []
+    steps: tuple[tuple[str, Callable[[], object]], ...] = (
+        ("drain", lambda: end_drain(ctx)),
+        (
+            "source container",
+            lambda: ctx.agent(src).post(f"/v1/containers/{rec['container']}/retire", {"ips": rec["service_addresses"]}),
+        ),
+        ("source archive", lambda: ctx.agent(src).delete(f"/v1/checkpoints/{rec['id']}")),
+        ("target archive", lambda: ctx.agent(tgt).delete(f"/v1/checkpoints/{rec['id']}")),
+        ("registry image", lambda: ctx.agent(tgt).post("/v1/registry/delete", {"reference": rec["reference"]})),
+    )
+    for what, fn in steps:
+        try:
+            fn()
+        except PodmigrateError as e:
+            warnings.append(f"{what}: {e.message}")
+    if warnings:
+        rec["cleanup_warnings"] = warnings

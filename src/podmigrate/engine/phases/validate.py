@@ -1,0 +1,152 @@
+"""Validate: find what moves and check both nodes before anything is frozen (lab).
+
+Neighbours: ``context`` (what a phase gets), ``container``/``pod``/``lazy`` (the phases that follow),
+``runtime.base.NodeCapabilities`` (what each node's agent reports and this phase checks).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from podmigrate.engine.phases.context import Ctx
+from podmigrate.errors import PodmigrateError, UsageError
+from podmigrate.workload import manage
+
+
+def parse_probe(spec: str) -> tuple[int, str | None]:
+    """'http:8000/healthz' -> (8000, '/healthz'); 'tcp:5432' -> (5432, None)."""
+    kind, _, rest = spec.partition(":")
+    port, slash, path = rest.partition("/")
+    if kind not in ("http", "tcp") or not port.isdigit() or not 0 < int(port) < 65536 or (kind == "tcp" and slash):
+        raise UsageError(f"not a probe: {spec!r}", hint="use http:PORT/PATH (e.g. http:8000/healthz) or tcp:PORT")
+    return int(port), (f"/{path}" if kind == "http" else None)
+
+
+def needs(rec: dict[str, Any] | Any) -> dict[str, str]:
+    """The node capabilities this migration needs, each with what it is needed for."""
+    want: dict[str, str] = {}
+    if rec.get("mode") == "lazy":
+        want["lazy_pages"] = "a lazy (post-copy) migration faults the copy's memory in over userfaultfd"
+    if rec.get("mode") == "lazy" or rec.get("transport") == "stream":
+        want["page_server"] = "the memory pages travel through a CRIU page server"
+    if rec.get("scope") == "pod":
+        want["pods"] = "a whole pod is checkpointed and restored at once"
+    if rec.get("plan", {}).get("tcp_established") and rec.get("mode") != "cold":
+        want["tcp_established"] = "open TCP connections are checkpointed (--no-tcp-established does without)"
+    return want
+
+
+def check_node(ctx: Ctx, node: str) -> None:
+    """CRIU's version and the capabilities the plan needs, from the node agent's own report."""
+    rec = ctx.rec
+    info = ctx.agent(node).get("/v1/info")
+    ver = tuple(int(x) for x in str(info.get("criu", "0")).split(".")[:2] if x.isdigit())
+    if ver < (4, 2):
+        raise PodmigrateError(
+            f"{node} has CRIU {info.get('criu')}; 4.2 or newer is needed",
+            hint="CRIU < 4.2 cannot dump sockets on kernels >= 6.16",
+        )
+    caps: dict[str, Any] = info.get("capabilities") or {}
+    for cap, why in needs(rec).items():
+        if not caps.get(cap, False):
+            raise UsageError(
+                f"{node} cannot take part in this migration: its runtime ({caps.get('runtime', 'unknown')}) "
+                f"reports no {cap}, and {why}",
+                hint="choose another mode or transport (podmigrate migrate --help), or another node",
+                details={"node": node, "capabilities": caps},
+            )
+    rec.setdefault("nodes", {})[node] = {
+        **{k: info.get(k) for k in ("podman", "runc", "criu", "disk_free_bytes")},
+        "capabilities": caps,
+    }
+
+
+def _pod(ctx: Ctx, loc: manage.Located) -> None:
+    rec, c = ctx.rec, loc.container
+    if rec["mode"] not in ("stop-copy", "decoupled"):
+        raise UsageError(
+            f"container {c['name']!r} belongs to a pod; pods move with --mode stop-copy or decoupled",
+            hint="checkpointing one container of a pod alone would sever its loopback connections",
+        )
+    assert c["pod"] is not None
+    pod = ctx.agent(loc.node).get(f"/v1/pods/{c['pod']}")
+    only = list(rec["plan"].get("only") or [])
+    unknown = sorted(set(only) - set(pod["members"]))
+    if unknown:
+        raise UsageError(
+            f"pod {pod['name']!r} has no member {', '.join(unknown)}", hint=f"its members: {pod['members']}"
+        )
+    pod["checkpointed"] = [m for m in pod["members"] if not only or m in only]
+    fresh = [m for m in pod["members"] if m not in pod["checkpointed"]]
+    pod["fresh"] = [ctx.agent(loc.node).get(f"/v1/containers/{m}/spec") for m in fresh]
+    if fresh:
+        rec.setdefault("warnings", []).append(
+            f"only {pod['checkpointed']} keep their state; {fresh} start fresh on {rec['target']}, and every "
+            "loopback connection between them is severed (the study's single-container finding)"
+        )
+        ctx.report(f"⚠ {rec['warnings'][-1]}")
+    rec["scope"] = "pod"
+    rec["pod"] = pod
+    rec["transport"] = "archive"  # each member's export, agent to agent
+    if any(x["name"] in pod["members"] for x in ctx.agent(rec["target"]).get("/v1/containers")):
+        raise UsageError(
+            f"pod {pod['name']!r} has containers on {rec['target']} already",
+            hint="remove them first, or run `podmigrate gc`",
+        )
+
+
+def validate(ctx: Ctx) -> None:
+    rec = ctx.rec
+    lab = ctx.lab
+    loc = manage.locate(lab, rec["workload"])
+    c = loc.container
+    if c["pod"]:
+        _pod(ctx, loc)
+    elif rec["plan"].get("only"):
+        raise UsageError(f"{c['name']!r} is not in a pod; --only-container applies to pod members")
+    if rec["target"] == loc.node:
+        raise UsageError(
+            f"{rec['workload']!r} already runs on {loc.node}",
+            hint=f"pick another node: {', '.join(n for n in lab.nodes if n != loc.node)}",
+        )
+    if loc.others:
+        where = ", ".join(f"{n} ({ci['state']})" for n, ci in loc.others)
+        raise UsageError(
+            f"stopped copies of {rec['workload']!r} are left on {where}",
+            hint="remove them first: podmigrate lab exec NODE -- podman rm NAME",
+        )
+    rec["source"] = loc.node
+    rec["container"] = rec["pod"]["name"] if rec.get("scope") == "pod" else c["name"]
+    rec["container_id"] = c["id"]
+    rec["image"] = c["image"]
+    rec["service_addresses"] = list(c["ips"])
+    for n in (loc.node, rec["target"]):
+        check_node(ctx, n)
+    if rec["mode"] == "cold":
+        rec["spec"] = ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/spec")
+    # The target needs the container's base image; fetching it now keeps it out of the blackout.
+    rec["target_image"] = ctx.agent(rec["target"]).post("/v1/images", {"image": c["image"]})
+    if rec["mode"] in ("stop-copy", "decoupled") and rec.get("scope") != "pod":
+        # warm the target's memory for the restore now, outside the blackout (see the agent's
+        # reserve-memory); small containers are not worth it
+        rss = ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/memory")["rss_bytes"]
+        if rss >= 64 << 20:
+            rec["target_memory"] = ctx.agent(rec["target"]).post(
+                f"/v1/checkpoints/{rec['id']}/reserve-memory", {"bytes": rss}
+            )
+    port = loc.port
+    path_or_none: str | None = loc.probe_path or "/healthz"
+    if rec["plan"].get("probe"):
+        port, path_or_none = parse_probe(str(rec["plan"]["probe"]))
+    if port and c["ips"]:
+        rec["probe"] = {
+            "host": c["ips"][0],
+            "port": port,
+            "path": path_or_none,
+            "interval": rec["plan"]["probe_interval"],
+        }
+        if c["labels"].get(manage.LABEL_KIND) == "stream-server":
+            rec["state_before"] = manage.read_state(lab, c["ips"][0], port)
+    ctx.report(
+        f"{c['name']} ({c['id'][:12]}) on {loc.node} -> {rec['target']}, address {', '.join(c['ips']) or 'none'}"
+    )

@@ -1,0 +1,69 @@
+"""The operator's side of the node agents: find the DaemonSet pod on a node and call it.
+
+Neighbours: ``k8s.agent`` is what answers; ``client.AgentClient`` does the HTTP and maps errors
+(the lab's controller uses the same client over Unix sockets); ``k8s.phases`` calls ``Agents.call``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from podmigrate.client import AgentClient
+from podmigrate.errors import AgentError
+from podmigrate.k8s import api as k
+
+AGENT_LABELS = "app.kubernetes.io/name=podmigrate-agent"
+
+
+@dataclass
+class Config:
+    registry: str = "registry.podmigrate-system.svc:5000/checkpoints"
+    agent_namespace: str = "podmigrate-system"
+    agent_token: str = ""
+    agent_port: int = 7070
+    poll_s: float = 0.5
+
+
+@dataclass
+class Agents:
+    """Finds the node agent (DaemonSet pod) on a node and calls it."""
+
+    api: k.KubeAPI
+    config: Config
+    clients: dict[str, AgentClient] = field(default_factory=dict)
+
+    def url(self, node: str) -> str:
+        for pod in self.api.list(
+            k.pods(self.config.agent_namespace), label_selector=AGENT_LABELS, field_selector=f"spec.nodeName={node}"
+        ):
+            if (pod.get("spec") or {}).get("nodeName") != node or not k.pod_ready(pod):
+                continue  # field selectors are a server courtesy: check again
+            port = self.config.agent_port
+            for c in pod["spec"].get("containers", []):
+                for p in c.get("ports") or []:
+                    if p.get("name") == "agent":
+                        port = int(p["containerPort"])
+            return f"http://{pod['status']['podIP']}:{port}"
+        raise AgentError(
+            f"no ready podmigrate agent on node {node!r} (namespace {self.config.agent_namespace})",
+            hint="is the podmigrate-agent DaemonSet scheduled there? check taints and tolerations",
+            details={"node": node},
+        )
+
+    def call(self, node: str, path: str, body: dict[str, Any], timeout: float = 900.0) -> Any:
+        url = self.url(node)
+        if url not in self.clients:
+            self.clients[url] = AgentClient(
+                node,
+                None,
+                self.config.agent_token,
+                timeout,
+                base_url=url,
+                unreachable_hint="is the agent pod running? kubectl -n podmigrate-system get pods -o wide",
+            )
+        return self.clients[url].post(path, body)
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()

@@ -1,0 +1,75 @@
+"""What every Kubernetes phase gets (``Ctx``), and the record kept in the resource's status.
+
+Neighbours: ``k8s.validate`` and ``k8s.phases`` take a ``Ctx``; ``k8s.controller`` makes one per
+PodLiveMigration and runs it with ``engine.runner``; ``k8s.operator`` builds it from kopf's calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from podmigrate.engine.record import RunRecord
+from podmigrate.errors import PodmigrateError
+from podmigrate.k8s import api as k
+from podmigrate.k8s.agents import Agents, Config
+
+INSTANCE = "podmigrate.io/instance"
+LOCK = "podmigrate.io/migration"
+
+Event = Callable[[str, str, str], None]  # (type Normal|Warning, reason, message)
+
+
+class K8sRecord(RunRecord, total=False):
+    """A PodLiveMigration's record (``status.record``); ``RunRecord`` has the runner's fields."""
+
+    spec: dict[str, Any]  # the validated spec the migration started with, whatever edits come later
+    started: float
+    owner: str  # the operator process running it: host/pid/random
+    source: str  # node names
+    target: str
+    containers: list[str]  # the containers checkpointed (the others start fresh)
+    source_pod: dict[str, Any]  # metadata and spec of the source pod, to recreate or copy it
+    restored: str  # the copy's pod name
+    references: dict[str, str]  # container -> checkpoint image reference (by tag)
+    services: dict[str, dict[str, str]]  # Service -> its selector before the migration
+    isolated_at: float  # stop-copy and cold: when the Services stopped selecting the source
+    archives: dict[str, str]  # container -> the kubelet's checkpoint archive on the source node
+    checkpointed_at: float
+    images: dict[str, str]  # container -> pushed checkpoint image
+    digests: dict[str, str]  # container -> manifest digest
+    bytes: int  # pushed
+    cutover_at: float
+    blackout_s: float
+    drift_s: float
+
+
+class Cancelled(PodmigrateError):
+    """The PodLiveMigration was deleted while it ran."""
+
+
+@dataclass
+class Ctx:
+    api: k.KubeAPI
+    agents: Agents
+    config: Config
+    ns: str
+    name: str
+    spec: dict[str, Any]
+    rec: K8sRecord
+    event: Event
+    on_phase: Callable[[str, float], None] = lambda _p, _s: None
+
+    def save(self, **public: Any) -> None:
+        """Write the record and the public status fields in one status patch."""
+        status = {"record": self.rec, **public}
+        self.api.patch(k.migrations(self.ns, self.name, status=True), {"status": status})
+
+    def plm(self) -> dict[str, Any] | None:
+        return self.api.get(k.migrations(self.ns, self.name))
+
+    def check_cancelled(self) -> None:
+        obj = self.plm()
+        if obj is None or obj["metadata"].get("deletionTimestamp"):
+            raise Cancelled(f"PodLiveMigration {self.name} was deleted while it ran")

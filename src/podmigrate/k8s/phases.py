@@ -1,0 +1,201 @@
+"""The Kubernetes phases and their undos, bound to the plan table's phase names.
+
+``engine.plans`` orders them (rows ``kubernetes``); ``k8s.validate`` is the first; ``k8s.pods``
+creates and waits for pods; the node agent (``k8s.agent``, through ``k8s.agents``) checkpoints and
+packages. ``isolate`` takes the source out of its Services (their selectors then match no pod), so
+in stop-copy no request reaches it after its checkpoint; ``cutover`` pins each Service's selector to
+the copy with the ``podmigrate.io/instance`` label: one API write per Service, after which exactly
+one pod serves; ``cleanup`` deletes the source pod, the archives and the images, failures are warnings.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from podmigrate.engine.plans import PhaseName as P
+from podmigrate.engine.runner import Phase, phase_table
+from podmigrate.errors import PodmigrateError
+from podmigrate.k8s import api as k
+from podmigrate.k8s.context import INSTANCE, Ctx
+from podmigrate.k8s.pods import pod_copy, wait_gone, wait_ready
+from podmigrate.k8s.validate import validate
+
+
+def set_selectors(ctx: Ctx, instance: str | None) -> None:
+    """Each Service back to its recorded selector, plus ``instance`` (or without it, for None)."""
+    for svc, original in ctx.rec["services"].items():
+        sel: dict[str, Any] = dict(original)
+        sel[INSTANCE] = instance if instance is not None else original.get(INSTANCE)
+        try:
+            ctx.api.patch(k.services(ctx.ns, svc), {"spec": {"selector": sel}})
+        except k.KubeError as e:
+            if e.status != 404 or instance is not None:
+                raise
+            # restoring a selector: a Service someone deleted meanwhile has nothing to restore
+
+
+def isolate(ctx: Ctx) -> None:
+    set_selectors(ctx, f"isolated-{ctx.rec['id']}")  # no pod carries it: the Services go empty
+    ctx.rec["isolated_at"] = time.time()
+    _wait_unserved(ctx)
+
+
+def _wait_unserved(ctx: Ctx, timeout: float = 10.0) -> None:
+    """Wait until no EndpointSlice of the Services lists the source as ready: kube-proxy (or Cilium)
+    follows the slices, so only then does no new request reach the source. Connections already open
+    to it stay open; a stop-copy checkpoint sees their last requests."""
+    source = ctx.spec["podName"]
+    deadline = time.monotonic() + timeout
+    serving: list[str] = []
+    while time.monotonic() < deadline:
+        serving = []
+        for svc in ctx.rec["services"]:
+            try:
+                slices = ctx.api.list(
+                    f"/apis/discovery.k8s.io/v1/namespaces/{ctx.ns}/endpointslices",
+                    label_selector=f"kubernetes.io/service-name={svc}",
+                )
+            except k.KubeError as e:
+                if e.status == 404:
+                    return  # no EndpointSlice API to watch: the selector write is all there is
+                raise
+            serving += [
+                svc
+                for sl in slices
+                if (sl.get("metadata", {}).get("labels") or {}).get("kubernetes.io/service-name") == svc
+                for ep in sl.get("endpoints") or []
+                if (ep.get("targetRef") or {}).get("name") == source and (ep.get("conditions") or {}).get("ready")
+            ]
+        if not serving:
+            return
+        time.sleep(ctx.config.poll_s)
+    ctx.event("Warning", "StillServing", f"{source} still listed in {sorted(set(serving))} after {timeout:.0f} s")
+
+
+def undo_selectors(ctx: Ctx) -> str:
+    set_selectors(ctx, None)
+    return f"restored the selectors of {sorted(ctx.rec['services'])}"
+
+
+def stop(ctx: Ctx) -> None:
+    ctx.api.delete(k.pods(ctx.ns, ctx.spec["podName"]))
+    wait_gone(ctx, ctx.spec["podName"])
+
+
+def undo_stop(ctx: Ctx) -> str:
+    src = ctx.rec["source_pod"]
+    if ctx.api.get(k.pods(ctx.ns, src["metadata"]["name"])) is None:
+        ctx.api.create(k.pods(ctx.ns), pod_copy(src, src["metadata"]["name"], ctx.rec["source"], {}))
+    wait_ready(ctx, src["metadata"]["name"], ctx.spec["timeouts"]["restoreSeconds"], cancellable=False)
+    return f"started {src['metadata']['name']} again on {ctx.rec['source']} (fresh: a cold restart keeps no state)"
+
+
+def checkpoint(ctx: Ctx) -> None:
+    out = ctx.agents.call(
+        ctx.rec["source"],
+        "/v1/checkpoints",
+        {
+            "namespace": ctx.ns,
+            "pod": ctx.spec["podName"],
+            "containers": ctx.rec["containers"],
+            "checkpoint_id": ctx.rec["id"],
+            "timeout": ctx.spec["timeouts"]["checkpointSeconds"],
+        },
+    )
+    ctx.rec["archives"] = {c: a["path"] for c, a in out["archives"].items()}
+    ctx.rec["checkpointed_at"] = time.time()
+
+
+def undo_checkpoint(ctx: Ctx) -> str:
+    body = {"checkpoint_id": ctx.rec["id"], "containers": ctx.rec["containers"]}
+    out = ctx.agents.call(ctx.rec["source"], "/v1/archives/delete", body)
+    return f"deleted archives {sorted(p for p, was in out['deleted'].items() if was)}"
+
+
+def package(ctx: Ctx) -> None:
+    out = ctx.agents.call(
+        ctx.rec["source"],
+        "/v1/images",
+        {
+            "namespace": ctx.ns,
+            "pod": ctx.spec["podName"],
+            "archives": ctx.rec["archives"],
+            "references": ctx.rec["references"],
+            "compression": ctx.spec["compression"],
+        },
+    )
+    ctx.rec["images"] = {c: i["reference"] for c, i in out["images"].items()}
+    ctx.rec["digests"] = {c: i["manifest_digest"] for c, i in out["images"].items()}
+    ctx.rec["bytes"] = sum(int(i["bytes"]) for i in out["images"].values())
+
+
+def delete_images(ctx: Ctx) -> Any:
+    return ctx.agents.call(ctx.rec["source"], "/v1/images/delete", {"references": list(ctx.rec["references"].values())})
+
+
+def undo_package(ctx: Ctx) -> str:
+    undo_checkpoint(ctx)  # archives are deleted after a push; a failed push leaves them
+    delete_images(ctx)
+    return f"deleted checkpoint images {list(ctx.rec['references'].values())}"
+
+
+def restore(ctx: Ctx) -> None:
+    rec = ctx.rec
+    if "isolated_at" not in rec:
+        # make-before-break: pin the Services to the source first, or the copy would join them (and two
+        # pods serve) as soon as it is ready, before the cutover chose it
+        src = ctx.spec["podName"]
+        ctx.api.patch(k.pods(ctx.ns, src), {"metadata": {"labels": {INSTANCE: src}}})
+        set_selectors(ctx, src)
+    if ctx.api.get(k.pods(ctx.ns, rec["restored"])) is None:  # resumed: it may exist already
+        images = rec.get("images") or {}
+        ctx.api.create(k.pods(ctx.ns), pod_copy(rec["source_pod"], rec["restored"], rec["target"], images, ctx.name))
+    wait_ready(ctx, rec["restored"], ctx.spec["timeouts"]["restoreSeconds"])
+
+
+def undo_restore(ctx: Ctx) -> str:
+    gone = ctx.api.delete(k.pods(ctx.ns, str(ctx.rec["restored"])))
+    if "isolated_at" not in ctx.rec:
+        set_selectors(ctx, None)
+    return f"deleted pod {ctx.rec['restored']}" if gone else f"pod {ctx.rec['restored']} was not there"
+
+
+def cutover(ctx: Ctx) -> None:
+    ctx.api.patch(k.pods(ctx.ns, ctx.rec["restored"]), {"metadata": {"labels": {INSTANCE: ctx.rec["restored"]}}})
+    set_selectors(ctx, ctx.rec["restored"])
+    ctx.rec["cutover_at"] = time.time()
+
+
+def cleanup(ctx: Ctx) -> None:
+    rec = ctx.rec
+    warnings: list[str] = []
+    steps: list[tuple[str, Callable[[], Any]]] = []
+    if ctx.spec["mode"] != "cold":
+        steps.append(("delete source pod", lambda: ctx.api.delete(k.pods(ctx.ns, ctx.spec["podName"]))))
+    # with the source gone the Services' own selectors pick the copy alone: give them back unpinned
+    steps.append(("restore the Services' selectors", lambda: set_selectors(ctx, None)))
+    if rec.get("references"):
+        steps.append(("delete checkpoint images", lambda: delete_images(ctx)))
+        steps.append(("delete archives", lambda: undo_checkpoint(ctx)))
+    for what, fn in steps:
+        try:
+            fn()
+        except PodmigrateError as e:
+            warnings.append(f"{what}: {e.message}")
+    rec["warnings"] = rec.get("warnings", []) + warnings
+
+
+PHASES = phase_table(
+    Phase(P.VALIDATE, validate),
+    # isolate and cutover both undo to the selectors recorded at validate
+    Phase(P.ISOLATE, isolate, undo_selectors, undo_group="selectors"),
+    Phase(P.STOP, stop, undo_stop),
+    # checkpoint and package only make copies: a failed undo there is a leftover, the pod is safe
+    Phase(P.CHECKPOINT, checkpoint, undo_checkpoint, artifact=True),
+    Phase(P.PACKAGE, package, undo_package, artifact=True),
+    Phase(P.RESTORE, restore, undo_restore),
+    Phase(P.CUTOVER, cutover, undo_selectors, undo_group="selectors"),
+    Phase(P.CLEANUP, cleanup),
+)

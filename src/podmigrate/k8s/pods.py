@@ -1,0 +1,99 @@
+"""The copy of a pod on its target node, and waiting for pods to come up or go (Kubernetes).
+
+Neighbours: ``k8s.phases`` creates and deletes pods with these; ``k8s.api`` talks to the API server.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any
+
+from podmigrate.errors import PodmigrateError
+from podmigrate.k8s import api as k
+from podmigrate.k8s.context import INSTANCE, Ctx
+
+# pod states from which a restore will not recover by waiting
+FATAL_WAITING = ("ErrImagePull", "ImagePullBackOff", "CreateContainerError", "CrashLoopBackOff", "InvalidImageName")
+
+
+def pod_copy(src: dict[str, Any], name: str, node: str, images: dict[str, str], migration: str = "") -> dict[str, Any]:
+    """``src`` as a new pod ``name`` pinned to ``node``, its containers' images replaced by ``images``."""
+    spec = copy.deepcopy(src["spec"])
+    # ephemeral containers cannot be set on create; nodeName is set below
+    for key in ("nodeName", "ephemeralContainers"):
+        spec.pop(key, None)
+    required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    )
+    if required:  # terms that pin the pod to its old node by name would make the kubelet refuse the copy
+        for term in required.get("nodeSelectorTerms", []):
+            term["matchExpressions"] = [
+                e for e in term.get("matchExpressions", []) if e.get("key") != "kubernetes.io/hostname"
+            ]
+            term.pop("matchFields", None)
+    if "nodeSelector" in spec:  # a selector pinned to the source's hostname would make the kubelet refuse it
+        spec["nodeSelector"].pop("kubernetes.io/hostname", None)
+    spec["nodeName"] = node
+    for c in spec["containers"]:
+        if c["name"] in images:
+            c["image"] = images[c["name"]]
+            c["imagePullPolicy"] = "IfNotPresent"
+    annotations = dict(src["metadata"].get("annotations") or {})
+    if migration:
+        annotations["podmigrate.io/restored-by"] = migration
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": src["metadata"]["namespace"],
+            "labels": {**src["metadata"]["labels"], INSTANCE: name},
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def wait_ready(ctx: Ctx, name: str, timeout: float, cancellable: bool = True) -> None:
+    deadline = time.monotonic() + timeout
+    last = ""
+    while time.monotonic() < deadline:
+        pod = ctx.api.get(k.pods(ctx.ns, name))
+        if pod is None:  # every caller created it just before
+            raise PodmigrateError(
+                f"pod {name} vanished while it started (deleted, or its node failed)",
+                hint="kubectl get events; check the target node",
+            )
+        if k.pod_ready(pod):
+            return
+        st = pod.get("status") or {}
+        if st.get("phase") == "Failed":
+            raise PodmigrateError(
+                f"pod {name} failed on {pod['spec'].get('nodeName')}: {st.get('reason')} {st.get('message', '')}",
+                hint="kubectl describe pod; a kubelet admission reason (NodeAffinity, OutOfcpu...) means the node "
+                "does not fit; a restore error is in CRI-O's log (CPU features and CRIU versions must match)",
+            )
+        for cs in st.get("containerStatuses") or []:
+            waiting = (cs.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in FATAL_WAITING:
+                raise PodmigrateError(
+                    f"pod {name}: container {cs['name']} {waiting['reason']}: {waiting.get('message', '')}",
+                    hint="check that the node can pull from the registry and restore (kubectl describe pod)",
+                )
+            last = waiting.get("reason") or last
+        if cancellable:
+            ctx.check_cancelled()
+        time.sleep(ctx.config.poll_s)
+    raise PodmigrateError(
+        f"pod {name} not ready after {timeout:.0f} s" + (f" (last: {last})" if last else ""),
+        hint="raise spec.timeouts.restoreSeconds for big heaps, or check the target node",
+    )
+
+
+def wait_gone(ctx: Ctx, name: str, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while ctx.api.get(k.pods(ctx.ns, name)) is not None:
+        if time.monotonic() > deadline:
+            raise PodmigrateError(f"pod {name} still exists {timeout:.0f} s after its deletion")
+        time.sleep(ctx.config.poll_s)

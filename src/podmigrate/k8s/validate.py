@@ -1,0 +1,155 @@
+"""Validate a PodLiveMigration: the pod, the target node, the Services, the lock (Kubernetes).
+
+Neighbours: ``k8s.crd`` checks the spec's shape before this; ``k8s.phases`` runs what follows.
+Every refusal is a ``SpecError`` naming the field, raised before anything changed.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from typing import Any
+
+from podmigrate.k8s import api as k
+from podmigrate.k8s.context import LOCK, Ctx
+from podmigrate.k8s.crd import SpecError, short_name
+
+
+def validate(ctx: Ctx) -> None:
+    rec, spec = ctx.rec, ctx.spec
+    pod = ctx.api.get(k.pods(ctx.ns, spec["podName"]))
+    if pod is None:
+        raise SpecError(f"spec.podName: there is no pod {spec['podName']!r} in namespace {ctx.ns!r}")
+    meta = pod["metadata"]
+    holder = (meta.get("annotations") or {}).get(LOCK)
+    if holder and holder != ctx.name and _active(ctx, holder):
+        raise SpecError(f"pod {spec['podName']!r} is already being migrated by PodLiveMigration {holder!r}")
+    for owner in meta.get("ownerReferences") or []:
+        if owner.get("controller"):
+            raise SpecError(
+                f"pod {spec['podName']!r} is managed by {owner['kind']} {owner['name']!r}, which would recreate it "
+                "when the source is deleted and fight over the restored copy",
+                hint="migrate bare pods (or orphan the pod first: remove its ownerReferences)",
+            )
+    source = (pod.get("spec") or {}).get("nodeName")
+    if not k.pod_ready(pod) or not source:
+        raise SpecError(f"pod {spec['podName']!r} is not running and ready; only a running pod can be migrated")
+    names = [c["name"] for c in pod["spec"]["containers"]]
+    wanted = spec.get("containers") or ([] if spec["mode"] == "cold" else names)
+    unknown = sorted(set(wanted) - set(names))
+    if unknown:
+        raise SpecError(
+            f"spec.containers: pod {spec['podName']!r} has no container {', '.join(unknown)}; it has {names}"
+        )
+    if spec["mode"] != "cold" and len(wanted) < len(names):
+        ctx.event(
+            "Warning",
+            "PartialCheckpoint",
+            f"only {wanted} are checkpointed; {sorted(set(names) - set(wanted))} start fresh, and loopback "
+            "connections between them are severed",
+        )
+    rec["source"] = source
+    rec.setdefault("target", _pick_target(ctx, source, pod))
+    rec["containers"] = wanted
+    rec["source_pod"] = _clean_copy(pod, ctx.ns)
+    rec.setdefault("id", f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
+    rec["restored"] = f"{short_name(spec['podName'])}-m{rec['id'][-6:]}"
+    base = spec.get("registry") or ctx.config.registry
+    rec["references"] = {c: f"{base}/{ctx.ns}-{short_name(spec['podName'])}-{c}:{rec['id']}".lower() for c in wanted}
+    rec["services"] = _services(ctx, pod)
+    if not rec["services"]:
+        ctx.event("Warning", "NoService", "no Service selects the pod: nothing to switch at cutover")
+    _warn_volumes(ctx, pod)
+    rec["spec"] = spec  # from here on the spec the migration started with, whatever edits come later
+    ctx.api.patch(k.pods(ctx.ns, spec["podName"]), {"metadata": {"annotations": {LOCK: ctx.name}}})
+
+
+def _warn_volumes(ctx: Ctx, pod: dict[str, Any]) -> None:
+    """A checkpoint holds the processes and their root file system, not their volumes."""
+    for v in (pod.get("spec") or {}).get("volumes") or []:
+        if "emptyDir" in v:
+            what = "its contents are not moved: the copy starts with an empty directory"
+        elif "persistentVolumeClaim" in v:
+            what = "the target must be able to attach it while the source still holds it (ReadWriteOnce cannot)"
+        elif "hostPath" in v:
+            what = "it points at the target node's files, not the source's"
+        else:
+            continue
+        ctx.event("Warning", "Volume", f"volume {v['name']!r}: {what}")
+
+
+def _active(ctx: Ctx, other: str) -> bool:
+    obj = ctx.api.get(k.migrations(ctx.ns, other))
+    return bool(obj) and (obj or {}).get("status", {}).get("phase") not in ("Completed", "Failed", "RolledBack")
+
+
+def _unfit(node: dict[str, Any], pod: dict[str, Any]) -> str | None:
+    """Why the kubelet would refuse the copy on ``node`` (the copy is pinned: no scheduler checks it)."""
+    labels = node["metadata"].get("labels") or {}
+    for key, value in ((pod.get("spec") or {}).get("nodeSelector") or {}).items():
+        if key != "kubernetes.io/hostname" and labels.get(key) != value:
+            return f"it lacks the pod's nodeSelector label {key}={value}"
+    tolerated = {t.get("key") for t in (pod.get("spec") or {}).get("tolerations") or []}
+    for taint in (node.get("spec") or {}).get("taints") or []:
+        if taint.get("effect") in ("NoExecute", "NoSchedule") and taint.get("key") not in tolerated | {None}:
+            return f"the pod does not tolerate its taint {taint['key']}:{taint['effect']}"
+    return None
+
+
+def _pick_target(ctx: Ctx, source: str, pod: dict[str, Any]) -> str:
+    spec = ctx.spec
+    if spec.get("targetNode"):
+        node = ctx.api.get(k.nodes(spec["targetNode"]))
+        if node is None:
+            raise SpecError(f"spec.targetNode: there is no node {spec['targetNode']!r}")
+        if spec["targetNode"] == source:
+            raise SpecError(f"spec.targetNode: the pod already runs on {source!r}; choose another node")
+        if not k.node_ready(node):
+            raise SpecError(f"spec.targetNode: node {spec['targetNode']!r} is not Ready or is cordoned")
+        if why := _unfit(node, pod):
+            raise SpecError(f"spec.targetNode: the copy cannot run on {spec['targetNode']!r}: {why}")
+        return str(spec["targetNode"])
+    want = spec.get("targetNodeSelector") or {}
+    candidates = sorted(
+        n["metadata"]["name"]
+        for n in ctx.api.list(k.nodes())
+        if n["metadata"]["name"] != source
+        and k.node_ready(n)
+        and _unfit(n, pod) is None
+        and all((n["metadata"].get("labels") or {}).get(a) == b for a, b in want.items())
+    )
+    if not candidates:
+        raise SpecError(f"no Ready node other than {source!r} matches targetNodeSelector {want}")
+    return str(candidates[0])
+
+
+def _services(ctx: Ctx, pod: dict[str, Any]) -> dict[str, dict[str, str]]:
+    labels = pod["metadata"].get("labels") or {}
+    if ctx.spec.get("service"):
+        svc = ctx.api.get(k.services(ctx.ns, ctx.spec["service"]))
+        if svc is None:
+            raise SpecError(f"spec.service: there is no Service {ctx.spec['service']!r} in {ctx.ns!r}")
+        sel = (svc.get("spec") or {}).get("selector") or {}
+        if not k.selects(sel, labels):
+            raise SpecError(
+                f"spec.service: Service {ctx.spec['service']!r} does not select pod {pod['metadata']['name']!r}"
+            )
+        return {ctx.spec["service"]: sel}
+    return {
+        s["metadata"]["name"]: s["spec"]["selector"]
+        for s in ctx.api.list(k.services(ctx.ns))
+        if k.selects((s.get("spec") or {}).get("selector") or {}, labels)
+    }
+
+
+def _clean_copy(pod: dict[str, Any], ns: str) -> dict[str, Any]:
+    meta = pod["metadata"]
+    return {
+        "metadata": {
+            "name": meta["name"],
+            "namespace": ns,
+            "labels": meta.get("labels") or {},
+            "annotations": {a: v for a, v in (meta.get("annotations") or {}).items() if a != LOCK},
+        },
+        "spec": pod["spec"],
+    }
