@@ -3,35 +3,59 @@
 It joins its siblings, each one seam of the backend: ``podman_cli`` (one podman command, failures
 explained), ``podman_containers`` (container verbs), ``podman_pod`` (whole pods), ``lazy`` (page
 server and post-copy), ``criu_conf`` (CRIU's options file and output); it adds what the node reports
-about itself (``info``). Standard library only.
+about itself (``info``, ``capabilities``). Standard library only.
 """
 
 from __future__ import annotations
 
-import os
 import subprocess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from podmigrate.runtime import uffd
+from podmigrate.runtime.base import NodeCapabilities
 from podmigrate.runtime.lazy import PodmanLazy
 from podmigrate.runtime.podman_containers import PodmanContainers
 from podmigrate.runtime.podman_pod import PodmanPods
 
+if TYPE_CHECKING:
+    from podmigrate.runtime.base import Runtime
+
+
+def _first_line(*cmd: str) -> str:
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
+    except OSError:
+        return "missing"
+    return out.strip().splitlines()[0] if out.strip() else "unknown"
+
 
 class Podman(PodmanPods, PodmanLazy, PodmanContainers):
     def info(self) -> dict[str, Any]:
-        def first_line(*cmd: str) -> str:
-            try:
-                out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
-            except OSError:
-                return "missing"
-            return out.strip().splitlines()[0] if out.strip() else "unknown"
-
-        criu = first_line("criu", "--version")
+        caps = self.capabilities()
         return {
-            "runtime": "podman",
-            "podman": first_line("podman", "--version").split()[-1],
-            "runc": first_line("runc", "--version").split()[-1],
-            "criu": criu.split()[-1] if criu.startswith("Version") else criu,
-            "lazy_pages": os.path.exists("/proc/sys/vm/unprivileged_userfaultfd"),
-            "soft_dirty": False,
+            "runtime": caps["runtime"],
+            "podman": _first_line("podman", "--version").split()[-1],
+            "runc": _first_line("runc", "--version").split()[-1],
+            "criu": caps["criu"],
+            "lazy_pages": caps["lazy_pages"],
+            "soft_dirty": caps["soft_dirty"],
+            "capabilities": caps,
         }
+
+    def capabilities(self) -> NodeCapabilities:
+        criu = _first_line("criu", "--version")
+        return NodeCapabilities(
+            runtime="podman",
+            criu=criu.split()[-1] if criu.startswith("Version") else criu,
+            lazy_pages=uffd.usable(),
+            page_server=criu != "missing",  # every CRIU this backend runs with (>= 4.2) has one
+            soft_dirty=False,  # not probed: no pre-dump runs here yet, and False refuses one rather than risk it
+            pods=True,
+            tcp_established=True,
+        )
+
+
+if TYPE_CHECKING:
+
+    def _conforms(p: Podman) -> Runtime:
+        return p  # mypy: Podman has every verb of the protocol, with compatible signatures
