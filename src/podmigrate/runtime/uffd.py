@@ -11,6 +11,8 @@ whole address space every few milliseconds while it runs. A woken thread retries
 page is still missing the kernel reports a fresh fault, which the daemon serves (a page already on
 its way is skipped by CRIU, and a duplicate copy gets EEXIST, which it ignores). With no waiter, a
 wake costs one walk of an empty wait queue.
+
+``usable`` tells whether a userfaultfd can be had here at all (the node's ``lazy_pages`` capability).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import threading
 from typing import Any
 
 SYS_PIDFD_GETFD = 438  # same number on every architecture (asm-generic)
+SYS_USERFAULTFD = {"x86_64": 323, "aarch64": 282}  # not asm-generic on x86-64
 # _IOR(0xAA, _UFFDIO_WAKE = 0x02, struct uffdio_range { __u64 start, len; })
 UFFDIO_WAKE = (2 << 30) | (16 << 16) | (0xAA << 8) | 0x02
 # the top of user space; only where it is a constant (x86-64 with 4-level page tables or without
@@ -37,6 +40,24 @@ TASK_SIZE = {"x86_64": (1 << 47) - 4096}
 @functools.cache
 def _libc() -> ctypes.CDLL:
     return ctypes.CDLL(None, use_errno=True)
+
+
+def usable() -> bool:
+    """Whether this process can open a userfaultfd, which a lazy-pages restore needs.
+
+    The kernel must have it (``vm.unprivileged_userfaultfd`` exists), and nothing in the way (seccomp,
+    missing privileges) may refuse the call: one is opened and closed again to tell. Where the
+    syscall's number is not known here, the sysctl is all there is to go by."""
+    if not os.path.exists("/proc/sys/vm/unprivileged_userfaultfd"):
+        return False
+    nr = SYS_USERFAULTFD.get(platform.machine())
+    if nr is None:
+        return True
+    fd = _libc().syscall(nr, os.O_CLOEXEC | os.O_NONBLOCK)
+    if fd < 0:
+        return False
+    os.close(fd)
+    return True
 
 
 def userfaultfds(pid: int) -> list[int]:

@@ -1,0 +1,81 @@
+"""CRIU's side of the Podman backend: the node's ``/etc/criu/runc.conf`` options, and reading what CRIU leaves.
+
+Neighbours: ``podman_cli`` explains podman's failures with ``criu_log_tail``; ``podman_containers``,
+``podman_pod`` and ``lazy`` set options with ``criu_options`` and read ``--print-stats`` with
+``parse_stats``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+CRIU_CONF = Path("/etc/criu/runc.conf")
+# podman only names CRIU's log in its error message; the log holds the cause
+CRIU_LOG = re.compile(r"(/\S+/userdata/(?:dump|restore)\.log)")
+
+# runc hands /etc/criu/runc.conf (node-private in the lab) to CRIU after its own options, which is
+# how podman's ordinary checkpoint/restore become page-server or lazy-pages ones; one at a time
+_lock = threading.Lock()
+
+
+@contextmanager
+def criu_options(*lines: str) -> Iterator[None]:
+    """Add ``lines`` to the node's CRIU configuration while the block runs (no lines: no change, no lock)."""
+    if not lines:
+        yield
+        return
+    with _lock:
+        default = CRIU_CONF.with_name("runc.conf.default").read_text()
+        CRIU_CONF.write_text(default + "".join(f"{line}\n" for line in lines))
+        try:
+            yield
+        finally:
+            CRIU_CONF.write_text(default)
+
+
+def criu_log_tail(text: str, lines: int = 25) -> list[str]:
+    """The end of the CRIU log that podman's output ``text`` names, its errors first (empty if none)."""
+    m = CRIU_LOG.search(text)
+    if not m:
+        return []
+    try:
+        with open(m.group(1), errors="replace") as f:
+            content = f.read().splitlines()
+    except OSError:
+        return []
+    # CRIU always logs a harmless RLIMIT_NOFILE error here; the real cause is among the last lines
+    errs = [x for x in content if "Error" in x and "RLIMIT_NOFILE" not in x]
+    return ([*errs[-8:], "...", *content[-lines:]]) if errs else content[-lines:]
+
+
+def file_tail(path: Path, lines: int = 20) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def parse_stats(stdout: str) -> dict[str, Any]:
+    """The statistics JSON that ``--print-stats`` prints (podman adds nothing else with it)."""
+    i = stdout.find("{")
+    if i < 0:
+        return {}
+    try:
+        data: dict[str, Any] = json.loads(stdout[i:])
+    except json.JSONDecodeError:
+        return {}
+    ctr = (data.get("container_statistics") or [{}])[0]
+    out: dict[str, Any] = dict(ctr.get("criu_statistics") or {})
+    for k, v in data.items():
+        if k.endswith("_duration"):
+            out[k] = v
+    for k, v in ctr.items():
+        if k.endswith("_duration"):
+            out[k] = v
+    return out

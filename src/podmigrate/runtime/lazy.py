@@ -1,0 +1,254 @@
+"""Post-copy and streamed dumps in the Podman backend: a lazy-pages dump, its restore, and a CRIU page server.
+
+The lazy dump packs what podman's export would (``_rootfs_diff``, network.status) itself, since
+podman exports only at the end; CRIU options go through ``criu_conf``, dropped faults are woken by
+``uffd``. Built on ``podman_cli``; ``podman.Podman`` joins it with ``podman_pod``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from podmigrate.errors import RuntimeBackendError
+from podmigrate.runtime import freezer
+from podmigrate.runtime.criu_conf import CRIU_CONF, criu_log_tail, file_tail
+from podmigrate.runtime.podman_cli import PodmanCLI
+from podmigrate.runtime.uffd import FaultWaker
+
+
+class PodmanLazy(PodmanCLI):
+    def lazy_checkpoint(
+        self, name: str, archive: Path, address: str, port: int, *, tcp_established: bool = True
+    ) -> tuple[subprocess.Popen[str], dict[str, float]]:
+        """Start a lazy-pages dump: CRIU dumps everything but the memory, then serves the pages from
+        ``address:port`` until the target has them all (the returned process ends then).
+
+        Podman only exports its archive at the very end, so the few MB the target needs now
+        (config.dump, spec.dump, the CRIU images without pages, the root file system's changes) are
+        packed into ``archive`` here from the container's own directory, the way podman would."""
+        fields = self._run("inspect", "-f", "{{.StaticDir}}|{{.GraphDriver.Data.UpperDir}}|{{.State.Pid}}", name)
+        static_dir, upper_dir, pid = fields.stdout.strip().split("|")
+        static, upper = Path(static_dir), Path(upper_dir)
+        cgroup = freezer.cgroup_dir(int(pid)) if pid.isdigit() else None
+        netstatus = self._network_status(name)  # now: the checkpoint holds the container's lock till the end
+        args = [
+            "podman",
+            "container",
+            "checkpoint",
+            "--export",
+            str(archive) + ".full",
+            "--compress",
+            "none",
+            "--keep",
+            name,
+        ]
+        if tcp_established:
+            args.insert(3, "--tcp-established")
+        times = {"dump_started": time.time()}
+        with (
+            self.criu_options("lazy-pages", f"address={address}", f"port={port}"),
+            freezer.freeze_when_opened(CRIU_CONF, cgroup) as early,
+        ):
+            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            deadline = time.monotonic() + 600
+            while not listening(port):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    out, errs = proc.communicate(timeout=10) if proc.poll() is not None else ("", "timed out")
+                    raise RuntimeBackendError(
+                        f"lazy checkpoint of {name} on {self.node} did not start serving pages: "
+                        f"{(errs or out).strip().splitlines()[-1:] or proc.returncode}",
+                        details={"stderr": (errs or "")[-3000:], "criu_log": criu_log_tail(errs or "")},
+                    )
+                time.sleep(0.005)
+        times["serving_at"] = time.time()
+        if early:
+            times.update(early.times)
+        _rootfs_diff(upper, static)
+        # what podman's export adds from its database and tmpfs: the addresses (so the copy keeps
+        # them) and the contents of /dev/shm
+        (static / "network.status").write_text(json.dumps(netstatus))
+        if (static / "shm").is_dir():
+            subprocess.run(
+                ["tar", "-C", str(static / "shm"), "-cf", str(static / "devshm-checkpoint.tar"), "."],
+                capture_output=True,
+            )
+        members = [
+            m
+            for m in (
+                "config.dump",
+                "spec.dump",
+                "network.status",
+                "checkpoint",
+                "rootfs-diff.tar",
+                "deleted.files",
+                "devshm-checkpoint.tar",
+            )
+            if (static / m).exists()
+        ]
+        p = subprocess.run(["tar", "-C", str(static), "-cf", str(archive), *members], capture_output=True, text=True)
+        if p.returncode:
+            proc.kill()
+            raise RuntimeBackendError(f"packing the lazy checkpoint of {name} failed: {p.stderr.strip()}")
+        os.chmod(archive, 0o600)
+        times["packed_at"] = time.time()
+        return proc, times
+
+    def _network_status(self, name: str) -> dict[str, Any]:
+        """The network.status podman writes into an export (netavark's status block), from inspect."""
+        nets = json.loads(self._run("inspect", "-f", "{{json .NetworkSettings.Networks}}", name).stdout or "{}")
+        return {
+            net: {
+                "interfaces": {
+                    "eth0": {
+                        "subnets": [{"ipnet": f"{n['IPAddress']}/{n['IPPrefixLen']}", "gateway": n["Gateway"]}],
+                        "mac_address": n["MacAddress"],
+                    }
+                }
+            }
+            for net, n in nets.items()
+            if n.get("IPAddress")
+        }
+
+    def page_server(self, images: Path, address: str, port: int) -> subprocess.Popen[bytes]:
+        """A CRIU page server writing the pages a dump sends into ``images``; returns once it listens."""
+        images.mkdir(mode=0o700, exist_ok=True)
+        server = subprocess.Popen(
+            [
+                "criu",
+                "page-server",
+                "-D",
+                str(images),
+                "--address",
+                address,
+                "--port",
+                str(port),
+                "-o",
+                "page-server.log",
+                "-v2",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while not listening(port):
+            if server.poll() is not None or time.monotonic() > deadline:
+                server.kill()
+                raise RuntimeBackendError(
+                    f"criu page-server did not start on {self.node}",
+                    details={"log": file_tail(images / "page-server.log")},
+                )
+            time.sleep(0.01)
+        return server
+
+    def lazy_restore(
+        self,
+        archive: Path,
+        images: Path,
+        work: Path,
+        address: str,
+        port: int,
+        *,
+        tcp_established: bool = True,
+        wake_faults: bool = True,
+    ) -> tuple[dict[str, Any], subprocess.Popen[bytes], FaultWaker | None]:
+        """Restore with the memory left behind: a ``criu lazy-pages`` daemon fetches pages from the
+        source as the process touches them (userfaultfd), and the rest in the background.
+        ``wake_faults`` re-raises the faults the daemon drops (see ``runtime.uffd``)."""
+        images.mkdir(mode=0o700, exist_ok=True)
+        work.mkdir(mode=0o700, exist_ok=True)
+        p = subprocess.run(
+            ["tar", "-C", str(images), "-xf", str(archive), "--strip-components=1", "checkpoint"],
+            capture_output=True,
+            text=True,
+        )
+        if p.returncode:
+            raise RuntimeBackendError(f"unpacking the lazy checkpoint failed: {p.stderr.strip()}")
+        daemon = subprocess.Popen(
+            [
+                "criu",
+                "lazy-pages",
+                "--page-server",
+                "--address",
+                address,
+                "--port",
+                str(port),
+                "-D",
+                str(images),
+                "-W",
+                str(work),
+                "-o",
+                "lazy-pages.log",
+                "-v2",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while not (work / "lazy-pages.socket").exists():
+            if daemon.poll() is not None or time.monotonic() > deadline:
+                daemon.kill()
+                raise RuntimeBackendError(
+                    f"criu lazy-pages did not start on {self.node}",
+                    details={"log": file_tail(work / "lazy-pages.log")},
+                )
+            time.sleep(0.005)
+        waker = FaultWaker(daemon).start() if wake_faults else None
+        # no --print-stats: with a work-dir override podman fails after CRIU restored the process
+        args = ["container", "restore", "--import", str(archive)]
+        if tcp_established:
+            args.append("--tcp-established")
+        t0 = time.time()
+        try:
+            with self.criu_options("lazy-pages", f"work-dir={work}"):
+                self._run(*args, what="lazy restore")
+        except Exception:
+            daemon.kill()
+            if waker:
+                waker.stop()
+            raise
+        return {"started": t0, "ended": time.time(), "stats": {}}, daemon, waker
+
+
+_PODMAN_FILES = {"etc/mtab", "run/.containerenv", "etc/hosts", "etc/hostname", "etc/resolv.conf"}
+
+
+def _rootfs_diff(upper: Path, bundle: Path) -> None:
+    """Write rootfs-diff.tar and deleted.files into ``bundle`` from the overlay upper directory, as
+    podman's export does: changed files as a tar, whiteouts (0:0 character devices) as a list."""
+    import stat as st
+    import tarfile
+
+    added, deleted = [], []
+    for root, dirs, files in os.walk(upper):
+        for f in files + [d for d in dirs if os.path.islink(os.path.join(root, d))]:
+            path = os.path.join(root, f)
+            rel = os.path.relpath(path, upper)
+            if rel in _PODMAN_FILES:
+                continue
+            info = os.lstat(path)
+            if st.S_ISCHR(info.st_mode) and info.st_rdev == 0:
+                deleted.append("/" + rel)
+            else:
+                added.append(rel)
+    for f in ("rootfs-diff.tar", "deleted.files"):
+        (bundle / f).unlink(missing_ok=True)
+    if added:
+        with tarfile.open(bundle / "rootfs-diff.tar", "w") as t:
+            for rel in added:
+                t.add(os.path.join(upper, rel), arcname=rel, recursive=False)
+    if deleted:
+        (bundle / "deleted.files").write_text(json.dumps(deleted))
+
+
+def listening(port: int) -> bool:
+    """Whether something listens on TCP ``port`` in this network namespace."""
+    suffix = f":{port:04X}"
+    with open("/proc/net/tcp") as f:
+        return any(x.split()[1].endswith(suffix) and x.split()[3] == "0A" for x in f.readlines()[1:])

@@ -1,0 +1,49 @@
+"""The base of the Podman backend: one ``podman`` command on this node, and its failure explained.
+
+Every CRIU failure is reported with the tail of CRIU's log (``criu_conf``), which podman only names.
+``podman_containers``, ``podman_pod`` and ``lazy`` build on it; ``podman.Podman`` joins them.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from contextlib import AbstractContextManager
+
+from podmigrate.errors import RuntimeBackendError, UsageError
+from podmigrate.runtime import criu_conf
+
+
+class PodmanCLI:
+    def __init__(self, node: str):
+        self.node = node
+
+    def criu_options(self, *lines: str) -> AbstractContextManager[None]:
+        """Extra CRIU options for the podman commands run inside the block (see ``criu_conf``)."""
+        return criu_conf.criu_options(*lines)
+
+    def _run(
+        self, *args: str, timeout: float = 900, what: str | None = None, missing_ok: bool = False
+    ) -> subprocess.CompletedProcess[str]:
+        p = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+        if p.returncode:
+            err = p.stderr.strip() or p.stdout.strip()
+            if missing_ok and ("no such container" in err or "no such pod" in err):
+                return p
+            if "no such container" in err:
+                raise UsageError(
+                    f"there is no container {args[-1]!r} on {self.node}",
+                    hint=f"list them with: podmigrate lab exec {self.node} -- podman ps -a",
+                )
+            raise RuntimeBackendError(
+                f"{what or 'podman ' + args[0]} failed on {self.node}: {err.splitlines()[-1] if err else p.returncode}",
+                hint="the CRIU log lines are in details.criu_log" if criu_conf.CRIU_LOG.search(err) else None,
+                details={
+                    "command": ["podman", *args],
+                    "returncode": p.returncode,
+                    "stderr": err[-4000:],
+                    "criu_log": criu_conf.criu_log_tail(err),
+                    "node": self.node,
+                },
+            )
+        return p

@@ -1,0 +1,244 @@
+"""The container verbs of the Podman backend: run, inspect, list, stop/start/retire, checkpoint and restore, images.
+
+Checkpoints are exported uncompressed (heaps do not compress; see lab notes) with ``--keep`` so that a
+failed migration can restore the container in place from podman's own copy. Built on ``podman_cli``;
+``podman_pod`` dumps pods with these verbs; ``podman.Podman`` joins them with ``lazy``. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from podmigrate.errors import RuntimeBackendError
+from podmigrate.runtime import freezer
+from podmigrate.runtime.base import ContainerInfo, RunSpec
+from podmigrate.runtime.criu_conf import CRIU_CONF, parse_stats
+from podmigrate.runtime.podman_cli import PodmanCLI
+
+
+class PodmanContainers(PodmanCLI):
+    def list_containers(self) -> list[ContainerInfo]:
+        ids = self._run("ps", "-a", "-q", "--no-trunc").stdout.split()
+        if not ids:
+            return []
+        # Containers may vanish between the two calls; inspect them one by one in that case.
+        p = subprocess.run(["podman", "container", "inspect", *ids], capture_output=True, text=True)
+        data = json.loads(p.stdout or "[]")
+        return [self._info(d) for d in data]
+
+    @staticmethod
+    def _info(d: dict[str, Any]) -> ContainerInfo:
+        nets = (d.get("NetworkSettings") or {}).get("Networks") or {}
+        ips = [n["IPAddress"] for n in nets.values() if n.get("IPAddress")]
+        cfg = d.get("Config") or {}
+        return ContainerInfo(
+            name=d["Name"],
+            id=d["Id"],
+            state=d["State"]["Status"],
+            image=d.get("ImageName") or cfg.get("Image", ""),
+            ips=ips,
+            pod=d.get("Pod") or None,
+            labels=cfg.get("Labels") or {},
+        )
+
+    def inspect(self, name: str) -> ContainerInfo:
+        data = json.loads(self._run("container", "inspect", name).stdout)
+        return self._info(data[0])
+
+    def run(self, spec: RunSpec) -> ContainerInfo:
+        args = ["run", "-d", "--name", spec["name"]]
+        if spec.get("pod"):
+            args += ["--pod", spec["pod"]]
+        else:
+            args += ["--network", spec.get("network", "mig")]
+            if spec.get("ip"):
+                args += ["--ip", spec["ip"]]
+        if spec.get("entrypoint"):
+            args += ["--entrypoint", json.dumps(spec["entrypoint"])]
+        for k, v in (spec.get("env") or {}).items():
+            args += ["-e", f"{k}={v}"]
+        for k, v in (spec.get("labels") or {}).items():
+            args += ["--label", f"{k}={v}"]
+        args += [spec["image"], *(spec.get("command") or [])]
+        self._run(*args, what=f"starting container {spec['name']}")
+        return self.inspect(spec["name"])
+
+    def spec(self, name: str) -> dict[str, Any]:
+        """What it takes to start this container afresh elsewhere (the cold-restart baseline)."""
+        d = json.loads(self._run("container", "inspect", name).stdout)[0]
+        cfg = d.get("Config") or {}
+        info = self._info(d)
+        nets = list(((d.get("NetworkSettings") or {}).get("Networks") or {}).keys())
+        ep = cfg.get("Entrypoint")
+        return {
+            "name": info["name"],
+            "image": info["image"],
+            "command": cfg.get("Cmd") or [],
+            "entrypoint": ([ep] if isinstance(ep, str) else ep) or [],
+            "env": dict(e.split("=", 1) for e in cfg.get("Env") or [] if "=" in e),
+            "labels": info["labels"],
+            "network": nets[0] if nets else "mig",
+            "ip": info["ips"][0] if info["ips"] else "",
+        }
+
+    def _tasks(self, name: str) -> list[int]:
+        """Every process in the container's PID namespace (empty when it has none)."""
+        pid = int(self._run("inspect", "-f", "{{.State.Pid}}", name).stdout.strip() or 0)
+        if pid <= 0:
+            return []
+        ns, tasks = os.readlink(f"/proc/{pid}/ns/pid"), []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                with contextlib.suppress(OSError):
+                    if os.readlink(f"/proc/{entry}/ns/pid") == ns:
+                        tasks.append(int(entry))
+        return tasks
+
+    def rss(self, name: str) -> int:
+        """Resident memory of every process of the container (what a restore will have to write)."""
+        total = 0
+        for task in self._tasks(name):
+            with contextlib.suppress(OSError, ValueError, StopIteration):
+                status = Path(f"/proc/{task}/status").read_text().splitlines()
+                total += int(next(x for x in status if x.startswith("VmRSS:")).split()[1]) * 1024
+        return total
+
+    def stop(self, name: str, timeout: float = 2) -> None:
+        self._run("stop", "-t", str(int(timeout)), name, what=f"stopping {name}")
+
+    def start(self, name: str) -> None:
+        self._run("start", name, what=f"starting {name}")
+
+    def retire(self, name: str, ips: list[str]) -> dict[str, Any]:
+        """Cut ``name`` off the network (an nft drop in this node's forward path), then remove it.
+
+        Removing a container closes its sockets, which sends FIN/RST to clients whose connections
+        now live on the new copy; the drop rule swallows those. If the rule cannot be set the
+        container is removed all the same: two serving copies would be worse than a reset.
+        """
+        table = "podmigrate_retire_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
+        rules = "".join(f"    ip saddr {ip} drop\n    ip daddr {ip} drop\n" for ip in ips)
+        nft = (
+            f"table inet {table} {{\n  chain block {{\n"
+            f"    type filter hook forward priority -300; policy accept;\n{rules}  }}\n}}\n"
+        )
+        t0 = time.time()
+        isolated, error = False, None
+        if ips:
+            p = subprocess.run(["nft", "-f", "-"], input=nft, capture_output=True, text=True)
+            isolated, error = p.returncode == 0, p.stderr.strip()[-500:] or None
+        try:
+            self.remove(name)  # a container or a whole pod
+        finally:
+            if isolated:
+                subprocess.run(["nft", "delete", "table", "inet", table], capture_output=True)
+        return {"removed": name, "isolated": isolated, "isolation_error": error, "started": t0, "ended": time.time()}
+
+    def remove(self, name: str) -> None:
+        if subprocess.run(["podman", "pod", "exists", name]).returncode == 0:
+            self._run("pod", "rm", "-f", "-t", "0", name, missing_ok=True)
+        elif subprocess.run(["podman", "container", "exists", name]).returncode == 0:
+            self._run("rm", "-f", "-t", "0", name, missing_ok=True)
+        else:  # a restore that failed half-way can leave storage behind under the container's ID
+            subprocess.run(["podman", "rm", "--storage", name], capture_output=True)
+
+    def checkpoint(
+        self,
+        name: str,
+        archive: Path,
+        *,
+        tcp_established: bool = True,
+        leave_running: bool = False,
+        criu: tuple[str, ...] = (),
+    ) -> dict[str, Any]:
+        args = ["container", "checkpoint", "--export", str(archive), "--compress", "none", "--keep", "--print-stats"]
+        if tcp_established:
+            args.append("--tcp-established")
+        if leave_running:
+            args.append("--leave-running")
+        # a source that stops for good (or stays frozen until verify) can be frozen the moment CRIU
+        # starts; one left running would stay frozen through podman's export
+        pid = 0 if leave_running else int(self._run("inspect", "-f", "{{.State.Pid}}", name).stdout.strip() or 0)
+        cgroup = freezer.cgroup_dir(pid) if pid > 0 else None
+        t0 = time.time()
+        with self.criu_options(*criu), freezer.freeze_when_opened(CRIU_CONF, cgroup) as early:
+            p = self._run(*args, name, what=f"checkpoint of {name}")
+        os.chmod(archive, 0o600)  # it holds the process's memory (the directory is 0700 too)
+        stats = parse_stats(p.stdout)
+        res = {"started": t0, "ended": time.time(), "stats": stats, "archive_bytes": archive.stat().st_size}
+        if early and early.times:
+            res["frozen_early_at"] = early.times.get("frozen_at")
+        return res
+
+    def restore_local(self, name: str, *, tcp_established: bool = True) -> dict[str, Any]:
+        args = ["container", "restore", "--print-stats"]
+        if tcp_established:
+            args.append("--tcp-established")
+        t0 = time.time()
+        p = self._run(*args, name, what=f"restore of {name} in place")
+        return {"started": t0, "ended": time.time(), "stats": parse_stats(p.stdout)}
+
+    def restore_archive(
+        self, archive: Path, *, tcp_established: bool = True, criu: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        args = ["container", "restore", "--import", str(archive), "--print-stats"]
+        if tcp_established:
+            args.append("--tcp-established")
+        t0 = time.time()
+        with self.criu_options(*criu):
+            p = self._run(*args, what="restore from checkpoint archive")
+        return {"started": t0, "ended": time.time(), "stats": parse_stats(p.stdout)}
+
+    def resume(self, name: str) -> dict[str, Any]:
+        """Wake a container that a dump left stopped (CRIU ``leave-stopped``): thaw its cgroup (frozen
+        early for a dump, see ``runtime.freezer``), SIGCONT every task in its PID namespace and drop
+        the network lock CRIU left in its network namespace."""
+        tasks = self._tasks(name)
+        if not tasks:
+            raise RuntimeBackendError(f"{name} on {self.node} has no process to resume")
+        pid = tasks[0]  # any of them: they share the container's network namespace and cgroup
+        cgroup = freezer.cgroup_dir(pid)
+        thawed = bool(cgroup and freezer.thaw(cgroup))
+        woken = []
+        for task in tasks:
+            with contextlib.suppress(OSError):
+                os.kill(task, signal.SIGCONT)
+                woken.append(task)
+        # CRIU locks the network with iptables (a CRIU chain jumped to from INPUT and OUTPUT) or with
+        # an nft table named CRIU-*, depending on its build; undo whichever is there
+        unlocked = []
+        for tool in ("iptables", "ip6tables"):
+            netns = ["nsenter", "-t", str(pid), "-n", tool]
+            if subprocess.run([*netns, "-L", "CRIU", "-n"], capture_output=True).returncode == 0:
+                for chain in ("INPUT", "OUTPUT"):  # one jump per interrupted dump: remove them all
+                    for _ in range(16):
+                        if subprocess.run([*netns, "-D", chain, "-j", "CRIU"], capture_output=True).returncode:
+                            break
+                for args in (["-F", "CRIU"], ["-X", "CRIU"]):
+                    subprocess.run([*netns, *args], capture_output=True)
+                unlocked.append(f"{tool}:CRIU")
+        tables = subprocess.run(
+            ["nsenter", "-t", str(pid), "-n", "nft", "list", "tables"], capture_output=True, text=True
+        ).stdout.split("\n")
+        for line in tables:
+            parts = line.split()
+            if len(parts) == 3 and parts[0] == "table" and parts[2].startswith("CRIU"):
+                subprocess.run(
+                    ["nsenter", "-t", str(pid), "-n", "nft", "delete", "table", parts[1], parts[2]], capture_output=True
+                )
+                unlocked.append(parts[2])
+        return {"woken": woken, "unlocked": unlocked, "thawed": thawed}
+
+    def ensure_image(self, image: str) -> bool:
+        if subprocess.run(["podman", "image", "exists", image]).returncode == 0:
+            return False
+        self._run("pull", "-q", image, what=f"pulling image {image}")
+        return True
