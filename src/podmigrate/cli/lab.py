@@ -41,9 +41,11 @@ def lab() -> None:
 @click.pass_context
 def lab_up(ctx: click.Context, nodes: int, router: str | None, as_json: bool) -> None:
     """Build the node image if needed and start the lab (idempotent)."""
+    from podmigrate.workload.image import ready_lab
+
     the_lab = get_lab(ctx)
     with status(f"Lab {the_lab.name!r} up") as report:
-        st = the_lab.up(nodes=nodes, report=report, router=router)
+        st = ready_lab(the_lab, nodes=nodes, report=report, router=router)
     emit(st, as_json, render_status)
 
 

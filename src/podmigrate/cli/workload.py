@@ -30,8 +30,8 @@ def workload_start(
     """Start a stream-server holding a pseudo-random heap of HEAP_MB megabytes."""
     from podmigrate.workload import manage
 
-    with status(f"Starting {name} on {node}"):
-        st = manage.start(get_lab(ctx), name, node, heap_mb, sidecar=sidecar, seed=seed)
+    with status(f"Starting {name} on {node}") as report:
+        st = manage.start(get_lab(ctx), name, node, heap_mb, sidecar=sidecar, seed=seed, report=report)
     emit(st, as_json, render_state)
 
 
