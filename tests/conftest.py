@@ -47,9 +47,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def lab() -> Iterator[Any]:
     from podmigrate.lab.cluster import Lab
+    from podmigrate.workload.image import ready_lab
 
     the_lab = Lab(LAB_NAME)
-    the_lab.up(nodes=2, report=lambda m: print(f"[lab] {m}", flush=True))
+    # with the workload image: some tests run it with plain podman, not through manage.start
+    ready_lab(the_lab, nodes=2, report=lambda m: print(f"[lab] {m}", flush=True))
     yield the_lab
     if os.environ.get("PODMIGRATE_KEEP_LAB") != "1":
         the_lab.down()

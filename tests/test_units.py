@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -138,6 +139,42 @@ def test_cli_lists_its_commands():
     assert res.exit_code == 0
     for cmd in ("lab", "workload", "migrate"):
         assert cmd in res.output
+
+
+def test_the_lab_never_imports_the_workload():
+    # the workload's image is built on a lab by whoever needs it; the lab building it was a cycle
+    for f in (SRC / "podmigrate" / "lab").glob("*.py"):
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                names = [f"{node.module}.{a.name}" for a in node.names]
+            else:
+                continue
+            assert not [n for n in names if n.startswith("podmigrate.workload")], f"{f.name}:{node.lineno}"
+
+
+def test_the_workload_image_is_looked_up_once_per_running_lab(tmp_path):
+    from podmigrate.workload import image
+
+    class FakeLab:
+        dir = cache = tmp_path
+        pid = 1
+        asked: list[str] = []
+
+        def holder_pid(self) -> int:
+            return self.pid
+
+        def run(self, target: str, argv: list[str], **_kw: Any) -> subprocess.CompletedProcess[str]:
+            self.asked.append(argv[0])
+            return subprocess.CompletedProcess(argv, 0, "", "")  # the registry has it
+
+    lab: Any = FakeLab()
+    assert image.ensure_workload_image(lab) == image.ensure_workload_image(lab) == image.workload_image()
+    assert lab.asked == ["skopeo"]
+    lab.pid = 2  # the lab went down and up again: its registry is new
+    image.ensure_workload_image(lab)
+    assert lab.asked == ["skopeo", "skopeo"]
 
 
 def test_a_success_slower_than_the_timeout_counts_as_failed():

@@ -2,7 +2,9 @@
 
 ``run`` starts (or reuses) the lab, starts stream-server with a heap of ``heap_mb`` on node-a,
 migrates it to node-b and back, checks that the heap digest never changed and the counter never
-went backwards, and writes both migration records and a Markdown summary to ``out_dir``.
+went backwards, and writes both migration records and a Markdown summary to ``out_dir``. It uses
+``workload`` (the lab with its image, the workload), ``engine.controller`` (the migrations) and
+``bench.suite`` / ``bench.report`` (the short suite at the end); ``podmigrate demo`` (``cli.bench``) runs it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from podmigrate.engine.controller import Plan, migrate
 from podmigrate.errors import UsageError
 from podmigrate.lab.cluster import Lab, Report
 from podmigrate.workload import manage
+from podmigrate.workload.image import ready_lab
 
 
 def machine() -> dict[str, Any]:
@@ -35,7 +38,7 @@ def machine() -> dict[str, Any]:
 def run(
     lab: Lab, heap_mb: int, out_dir: Path, name: str = "demo", report: Report = lambda _m: None, suite_runs: int = 3
 ) -> dict[str, Any]:
-    lab.up(nodes=max(2, len(lab.nodes) if lab.is_up() else 2), report=report)
+    ready_lab(lab, nodes=max(2, len(lab.nodes) if lab.is_up() else 2), report=report)
     try:
         manage.stop(lab, name)
         report(f"removed an earlier {name!r}")

@@ -143,7 +143,7 @@ def run(
             manage.stop(lab, name)
         report(f"{heap} MB: starting the workload and warming up both nodes")
         # a static address: podman's create-image path keeps only those (the engine keeps any)
-        manage.start(lab, name, "node-a", heap, ip=f"10.89.1.{200 + heaps.index(heap)}")
+        manage.start(lab, name, "node-a", heap, ip=f"10.89.1.{200 + heaps.index(heap)}", report=report)
         for target in ("node-b", "node-a"):
             rows.append(
                 _row(

@@ -2,7 +2,7 @@
 
 Rows go to ``suite.jsonl`` in the results directory as they are measured (a rerun of the same
 command continues where it stopped); warm-up runs are kept and marked. One probe log per group is
-copied next to them for the report's timelines.
+copied next to them for the report's timelines. ``report`` reads these; ``engine`` borrows ``machine``.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def run(
     try:
         manage.locate(lab, WORKLOAD)
     except UsageError:
-        manage.start(lab, WORKLOAD, lab.nodes[0], heap_mb)
+        manage.start(lab, WORKLOAD, lab.nodes[0], heap_mb, report=report)
     plan_list = [(g, GROUPS[g], runs) for g in groups] + [("cold", GROUPS["cold"], cold)]
     total = sum(warmup + n for *_x, n in plan_list)
     for group, (mode, transport), n in plan_list:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
-from collections.abc import Callable
 from pathlib import Path
 
 from podmigrate import layout
 from podmigrate.errors import LabError, PreflightError
+from podmigrate.lab.host import Report
 
 SUITE = "trixie"
 CRIU_SUITE = "sid"
@@ -65,8 +65,6 @@ firewall_driver = "none"  # routing, no NAT: TCP 4-tuples survive a migration
 # with "=": "manage-cgroups ignore" parses as --manage-cgroups plus a stray word.
 CRIU_RUNC_CONF = "manage-cgroups=ignore\nskip-in-flight\n"
 REGISTRIES_CONF = f'[[registry]]\nlocation = "{layout.REGISTRY}"\ninsecure = true\n'
-
-Report = Callable[[str], None]
 
 
 def spec_hash() -> str:

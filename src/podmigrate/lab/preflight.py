@@ -1,4 +1,4 @@
-"""Checks before a lab starts: each failure says what is missing and how to get it."""
+"""Checks before a lab starts (``lifecycle.up`` runs them): each failure says what is missing and how to get it."""
 
 from __future__ import annotations
 

@@ -4,13 +4,16 @@ stream-server and the sidecar on top, FROM scratch with buildah.
 Both steps are cached in ``$PODMIGRATE_HOME/cache``: the rootfs tarball by its package list, the OCI
 archive by the hash of that plus the workload's sources. A new lab only copies the archive into its
 registry (skopeo), a few seconds.
+
+The lab (``podmigrate.lab``) knows nothing of this image: ``manage.start`` ensures it before a start,
+and ``ready_lab`` is ``lab up`` followed by loading it, for those who want a lab ready at once.
 """
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from podmigrate import layout
 from podmigrate.lab.image import MIRROR, SUITE
@@ -35,12 +38,34 @@ def workload_image() -> str:
     return f"{REPOSITORY}:{image_tag()}"
 
 
-def ensure_workload_image(lab: Lab, report: Report) -> str:
+# Labs (by state directory and holder pid) whose registry this process has seen holding the image:
+# every workload start ensures the image, and asking the registry each time costs a skopeo run.
+_loaded: set[tuple[Path, int | None, str]] = set()
+
+
+def ready_lab(lab: Lab, nodes: int = 2, report: Report = lambda _m: None, router: str | None = None) -> dict[str, Any]:
+    """``lab.up``, then the workload image into its registry: a lab ready to start workloads; its status."""
+    st = lab.up(nodes=nodes, report=report, router=router)
+    ensure_workload_image(lab, report)
+    return st
+
+
+def ensure_workload_image(lab: Lab, report: Report = lambda _m: None) -> str:
+    """The workload image's reference, built (or taken from the cache) and loaded into the lab's registry."""
     ref = workload_image()
-    tag = image_tag()
-    have = lab.run("node-a", ["skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{ref}"], check=False)
-    if have.returncode == 0:
+    seen = (lab.dir, lab.holder_pid(), ref)
+    if seen in _loaded:
         return ref
+    have = lab.run("node-a", ["skopeo", "inspect", "--tls-verify=false", "--raw", f"docker://{ref}"], check=False)
+    if have.returncode:
+        _load(lab, ref, report)
+    _loaded.add(seen)
+    return ref
+
+
+def _load(lab: Lab, ref: str, report: Report) -> None:
+    """Build the image (each step cached in ``lab.cache``) and copy it into the lab's registry."""
+    tag = image_tag()
     cache = layout.IN_LAB_CACHE
     rootfs = f"{cache}/workload-rootfs-{hashlib.sha256(ROOTFS_PACKAGES.encode()).hexdigest()[:8]}.tar"
     archive = f"{cache}/stream-server-{tag}.oci.tar"
@@ -85,4 +110,3 @@ mv {archive}.part {archive}
         ["skopeo", "copy", "-q", "--dest-tls-verify=false", f"oci-archive:{archive}", f"docker://{ref}"],
         timeout=600,
     )
-    return ref

@@ -16,9 +16,9 @@ from typing import Any
 
 from podmigrate import layout
 from podmigrate.errors import PodmigrateError, UsageError
-from podmigrate.lab.cluster import Lab
+from podmigrate.lab.cluster import Lab, Report
 from podmigrate.runtime.base import ContainerInfo
-from podmigrate.workload.image import workload_image
+from podmigrate.workload.image import ensure_workload_image
 
 LABEL_KIND = "podmigrate.workload"
 LABEL_PORT = "podmigrate.port"
@@ -115,7 +115,9 @@ def start(
     seed: int = 1234,
     wait: float = 300.0,
     ip: str | None = None,
+    report: Report = lambda _m: None,
 ) -> dict[str, Any]:
+    """Start stream-server (with ``sidecar``, a pod) on ``node``, its image loaded first if need be; its state."""
     if heap_mb <= 0:
         raise UsageError(f"heap size must be a positive number of MB, not {heap_mb}", hint="for example --heap-mb 256")
     if not _NAME.match(name):
@@ -135,7 +137,7 @@ def start(
             f"the name {name!r} is already used in lab {lab.name!r}",
             hint=f"pick another name, or stop it first: podmigrate workload stop {name}",
         )
-    image = workload_image()
+    image = ensure_workload_image(lab, report)
     labels = {LABEL_KIND: "stream-server", LABEL_PORT: "8000", LABEL_PROBE: "/healthz"}
     env = {"HEAP_MB": str(heap_mb), "SEED": str(seed)}
     agent = lab.agent(node)

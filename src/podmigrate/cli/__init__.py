@@ -1,0 +1,49 @@
+"""The command line: each command parses its options and makes one library call.
+
+Errors print as ``ERROR: message`` plus a hint and the details that help (CRIU log lines, a
+failing command's output); ``-v`` adds the traceback. This module holds the ``main`` group (the
+``podmigrate`` entry point); the commands live by group beside it: ``lab``, ``workload``,
+``migrate`` (migrate, history, gc), ``bench`` (bench, report, demo) and ``k8s``; ``output`` prints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from podmigrate.cli import bench, k8s, lab, migrate, workload
+from podmigrate.cli.output import fail
+from podmigrate.errors import PodmigrateError
+
+__all__ = ["Cli", "main"]
+
+
+class Cli(click.Group):
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PodmigrateError as e:
+            fail(e, bool(ctx.obj and ctx.obj.get("verbose")))
+
+
+@click.group(cls=Cli)
+@click.option(
+    "--lab", "lab_name", default="default", envvar="PODMIGRATE_LAB", show_default=True, help="Which lab to act on."
+)
+@click.option("-v", "--verbose", is_flag=True, help="Show tracebacks.")
+@click.pass_context
+def main(ctx: click.Context, lab_name: str, verbose: bool) -> None:
+    """podmigrate: live-migrate stateful containers with CRIU, and measure what it costs."""
+    ctx.obj = {"lab": lab_name, "verbose": verbose}
+
+
+main.add_command(lab.lab)
+main.add_command(workload.workload)
+main.add_command(migrate.migrate)
+main.add_command(migrate.history)
+main.add_command(migrate.gc)
+main.add_command(bench.demo)
+main.add_command(bench.bench)
+main.add_command(bench.report_cmd)
+main.add_command(k8s.k8s_group)

@@ -1,0 +1,197 @@
+"""Bringing a lab up and taking it down: the node image, the lab holder's start, and the teardown.
+
+``up`` and ``down`` act on a ``cluster.Lab`` (whose methods of the same names call them); ``host``
+has the cgroup and process helpers, ``image`` the node image. The test workload's image is not
+built here: ``workload.image.ready_lab`` adds it after ``up``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import podmigrate
+from podmigrate import layout
+from podmigrate.errors import LabError, PreflightError, UsageError
+from podmigrate.lab import host, preflight
+from podmigrate.lab.host import Report
+
+if TYPE_CHECKING:
+    from podmigrate.lab.cluster import Lab
+
+LAZY_PIPE_MAX = 4194304
+
+# Stage 1 runs on the host's tools inside a fresh private mount namespace: bind the node image and
+# the lab's directories into place, pivot into the image, and hand over to the lab holder.
+STAGE1 = """\
+set -e
+R=$1 L=$2 C=$3 P=$4
+mount --bind "$R" "$R"
+mount -t proc proc "$R/proc"
+mount --rbind /dev "$R/dev"
+mount --rbind /sys "$R/sys"
+mount --bind "$L" "$R/var/lib/podmigrate-lab"
+mount --bind "$C" "$R/var/lib/podmigrate-cache"
+mount --bind "$P" "$R/opt/podmigrate/podmigrate"
+mount -o remount,bind,ro "$R/opt/podmigrate/podmigrate"
+cd "$R"
+pivot_root . oldroot
+cd /
+exec env -i PATH={path} HOME=/root LC_ALL=C.UTF-8 PYTHONPATH=/opt/podmigrate PYTHONDONTWRITEBYTECODE=1 \
+    python3 -m podmigrate.lab.init lab
+""".replace("{path}", layout.LAB_PATH)
+
+REGISTRY_YML = f"""\
+version: 0.1
+log:
+  level: warn
+storage:
+  filesystem:
+    rootdirectory: {layout.IN_LAB_STATE}/registry
+  delete:
+    enabled: true
+http:
+  addr: {layout.REGISTRY}
+"""
+
+
+def up(lab: Lab, nodes: int, report: Report, router: str | None) -> dict[str, Any]:
+    names = layout.node_names(nodes)
+    notes = preflight.check_host(lab.base)
+    for n in notes:
+        report(n)
+    if lab.is_up():
+        have = lab.nodes
+        if have != names:
+            raise UsageError(
+                f"lab {lab.name!r} is already up with {len(have)} nodes, not {nodes}",
+                hint="run `podmigrate lab down` first to change the node count",
+            )
+        report(f"lab {lab.name!r} is already up")
+    else:
+        if lab.dir.exists() or lab.cgroup.exists():
+            report("removing what a previous lab left behind")
+            down(lab)
+        if not lab.image.ready():
+            lab.image.build(report)
+        lab.image.configure()
+        start(lab, names, report)
+        report("checking CRIU against this kernel (criu check on node-a)")
+        check = lab.run(names[0], ["criu", "check"], check=False)
+        if check.returncode:
+            down(lab)
+            raise PreflightError(
+                "`criu check` fails on this machine: CRIU cannot checkpoint here",
+                hint="its output is below; the kernel may lack a feature CRIU needs",
+                details={"output": (check.stdout + check.stderr).splitlines()[-20:]},
+            )
+    if router:
+        lab.set_router(router)
+    return lab.status()
+
+
+def start(lab: Lab, names: list[str], report: Report) -> None:
+    report(f"starting lab {lab.name!r} with nodes {', '.join(names)}")
+    lab.dir.mkdir(parents=True, exist_ok=True)
+    # CRIU's lazy-pages daemon needs 4 MiB pipes and has no CAP_SYS_RESOURCE here; the old value is
+    # kept and put back by `lab down` (pipe-max-size is one value for the whole machine)
+    # (machine-wide, like the value: the first lab up keeps it, the last one down puts it back)
+    pipe_max, orig = Path("/proc/sys/fs/pipe-max-size"), lab.base / "pipe-max-size.orig"
+    if int(pipe_max.read_text()) < LAZY_PIPE_MAX:
+        if not orig.exists():
+            orig.write_text(pipe_max.read_text())
+        pipe_max.write_text(str(LAZY_PIPE_MAX))
+    os.chmod(lab.dir, 0o700)  # checkpoints and the token live below
+    lab.cache.mkdir(parents=True, exist_ok=True)
+    for d in ("pids", "agents", "logs", "hold", "registry", "nodes"):
+        (lab.dir / d).mkdir(exist_ok=True)
+    fd = os.open(lab.dir / "token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secrets.token_hex(32))
+    (lab.dir / "registry.yml").write_text(REGISTRY_YML)
+    (lab.dir / "lab.json").write_text(
+        json.dumps(
+            {
+                "name": lab.name,
+                "nodes": names,
+                "cgroup": layout.cgroup_name(lab.name),
+                "created": time.time(),
+                "version": podmigrate.__version__,
+            }
+        )
+    )
+    (lab.cgroup / "lab").mkdir(parents=True, exist_ok=True)
+    pkg = Path(podmigrate.__file__).resolve().parent
+    log = open(lab.dir / "logs" / "lab.log", "ab")
+    proc = subprocess.Popen(
+        [
+            "unshare",
+            "-m",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            STAGE1,
+            "stage1",
+            str(lab.image.root),
+            str(lab.dir),
+            str(lab.cache),
+            str(pkg),
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        preexec_fn=host.join(lab.cgroup / "lab"),
+    )
+    log.close()
+    (lab.dir / "lab.pid").write_text(str(proc.pid))
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        if lab.is_up():
+            return
+        if proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    tail = (lab.dir / "logs" / "lab.log").read_text(errors="replace").splitlines()[-30:]
+    down(lab)
+    raise LabError(
+        f"lab {lab.name!r} failed to start",
+        details={"log_tail": tail},
+        hint="the log tail is above; `podmigrate lab up` again after fixing the cause",
+    )
+
+
+def down(lab: Lab, report: Report = lambda _m: None) -> None:
+    cg = lab.cgroup
+    if cg.exists():
+        report(f"stopping every process of lab {lab.name!r}")
+        (cg / "cgroup.kill").write_text("1")
+        # cgroup.procs empties before the tasks are gone; "populated 0" means really gone
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and "populated 1" in (cg / "cgroup.events").read_text():
+            time.sleep(0.05)
+        host.reap(lab.dir / "lab.pid")
+        left = host.procs(cg)
+        if left:
+            raise LabError(f"processes of lab {lab.name!r} survived cgroup.kill: {left[:10]}")
+        for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            host.rmdir(d)
+        host.rmdir(cg)
+    orig = lab.base / "pipe-max-size.orig"
+    labs = lab.base / "labs"
+    if orig.exists() and not any(
+        host.holder_pid(d) is not None for d in labs.iterdir() if d.name != lab.name and host.NAME.match(d.name)
+    ):
+        Path("/proc/sys/fs/pipe-max-size").write_text(orig.read_text())
+        orig.unlink()
+    if lab.dir.exists():
+        report(f"removing {lab.dir}")
+        shutil.rmtree(lab.dir)
