@@ -16,6 +16,7 @@ import contextlib
 import json
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +43,7 @@ METHODS: list[tuple[str, str, str, str]] = [
 ]
 
 
-def _row(label: str, heap: int, rec: dict[str, Any], warmup: bool = False) -> dict[str, Any]:
+def _row(label: str, heap: int, rec: Mapping[str, Any], warmup: bool = False) -> dict[str, Any]:
     dump = (rec.get("criu") or {}).get("dump") or {}
     return {
         "heap_mb": heap,
@@ -158,6 +159,7 @@ def run(
                 source = manage.locate(lab, name).node
                 target = other[source]
                 report(f"{heap} MB: {label} run {i + 1}/{runs} ({source} -> {target})")
+                rec: Mapping[str, Any]
                 if mode == "podman-image":
                     rec = podman_image(lab, name, source, target, heap)
                 else:

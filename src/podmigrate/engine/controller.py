@@ -25,7 +25,7 @@ from podmigrate.engine.plans import PhaseName
 from podmigrate.engine.record import PhaseEntry, PlanDict, Record, Rollback, Store
 from podmigrate.engine.runner import Phase, Runner, as_error
 from podmigrate.errors import AgentError, MigrationFailed, PodmigrateError, UsageError
-from podmigrate.lab.cluster import Lab
+from podmigrate.lab.handle import LabHandle
 
 __all__ = ["MODES", "TRANSPORTS", "Plan", "migrate", "parse_probe", "recover", "store_for"]
 
@@ -52,7 +52,7 @@ class Plan:
     drain_timeout: float = 2.0  # decoupled with a draining router: connections open at the cutover
 
 
-def store_for(lab: Lab) -> Store:
+def store_for(lab: LabHandle) -> Store:
     return Store(lab.dir / "state.db")
 
 
@@ -141,7 +141,7 @@ def new_record(plan: Plan) -> Record:
     }
 
 
-def check_request(lab: Lab, plan: Plan) -> None:
+def check_request(lab: LabHandle, plan: Plan) -> None:
     if plan.mode not in MODES:
         raise UsageError(f"unknown mode {plan.mode!r}", hint=f"modes: {', '.join(MODES)}")
     if plan.compression not in COMPRESSIONS:
@@ -157,7 +157,7 @@ def check_request(lab: Lab, plan: Plan) -> None:
         )
 
 
-def migrate(lab: Lab, plan: Plan, report: Report = lambda _m: None) -> Record:
+def migrate(lab: LabHandle, plan: Plan, report: Report = lambda _m: None) -> Record:
     """Run one migration; returns its record, or raises MigrationFailed after rolling back."""
     check_request(lab, plan)
     store = store_for(lab)
@@ -194,7 +194,7 @@ def migrate(lab: Lab, plan: Plan, report: Report = lambda _m: None) -> Record:
         ctx.close()
 
 
-def recover(lab: Lab, store: Store, report: Report = lambda _m: None) -> list[Record]:
+def recover(lab: LabHandle, store: Store, report: Report = lambda _m: None) -> list[Record]:
     """Finish what dead controllers left (see ``engine.plans`` for the policy); the records."""
     done: list[Record] = []
     for rec in store.active():

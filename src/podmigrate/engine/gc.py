@@ -13,13 +13,14 @@ from typing import Any
 
 from podmigrate import layout
 from podmigrate.engine.controller import recover, store_for
-from podmigrate.lab.cluster import Lab, Report
+from podmigrate.lab.cluster import Report
+from podmigrate.lab.handle import LabHandle
 from podmigrate.workload import manage
 
 CHECKPOINT_REPOS = "podmigrate/checkpoints/"
 
 
-def collect(lab: Lab, dry_run: bool = False, report: Report = lambda _m: None) -> dict[str, list[str]]:
+def collect(lab: LabHandle, dry_run: bool = False, report: Report = lambda _m: None) -> dict[str, list[str]]:
     store = store_for(lab)
     if not dry_run:
         recover(lab, store, report)

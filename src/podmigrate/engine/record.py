@@ -151,8 +151,8 @@ class Record(RunRecord, total=False):
     nodes: dict[str, dict[str, Any]]  # versions, free disk and capabilities of both nodes at validate
     spec: dict[str, Any]  # cold: how to start the container afresh
     probe: ProbeRec
-    state_before: dict[str, Any] | None  # the workload's /state before and after
-    state_after: dict[str, Any] | None
+    state_before: dict[str, Any]  # the workload's /state before and after (stream-server workloads)
+    state_after: dict[str, Any]
     page_server: dict[str, Any] | None  # stream: the target's page server (address, port)
     leave_stopped: bool  # stream stop-copy: the source stays frozen (not killed) until the target serves
     freeze_started: float  # when the source stopped serving (dump or stop began)

@@ -17,6 +17,7 @@ from typing import Any
 from podmigrate import layout
 from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.lab.cluster import Lab, Report
+from podmigrate.lab.handle import LabHandle
 from podmigrate.runtime.base import ContainerInfo
 from podmigrate.workload.image import ensure_workload_image
 
@@ -46,7 +47,7 @@ class Located:
         return self.container["labels"].get(LABEL_PROBE)
 
 
-def inventory(lab: Lab) -> dict[str, list[ContainerInfo]]:
+def inventory(lab: LabHandle) -> dict[str, list[ContainerInfo]]:
     result: dict[str, list[ContainerInfo]] = {}
     for n in lab.nodes:
         agent = lab.agent(n)
@@ -57,7 +58,7 @@ def inventory(lab: Lab) -> dict[str, list[ContainerInfo]]:
     return result
 
 
-def locate(lab: Lab, name: str, inv: dict[str, list[ContainerInfo]] | None = None) -> Located:
+def locate(lab: LabHandle, name: str, inv: dict[str, list[ContainerInfo]] | None = None) -> Located:
     """The node running container (or pod) ``name``; UsageError if it runs nowhere."""
     inv = inv if inv is not None else inventory(lab)
     found: list[tuple[str, ContainerInfo]] = []
@@ -88,7 +89,7 @@ def locate(lab: Lab, name: str, inv: dict[str, list[ContainerInfo]] | None = Non
     return Located(node, c, [f for f in found if f is not running[0]])
 
 
-def lan_get(lab: Lab, url: str, timeout: float = 30.0) -> dict[str, Any]:
+def lan_get(lab: LabHandle, url: str, timeout: float = 30.0) -> dict[str, Any]:
     lan = lab.agent("lan")
     try:
         res: dict[str, Any] = lan.post("/v1/http", {"url": url, "timeout": timeout}, timeout=timeout + 10)
@@ -97,7 +98,7 @@ def lan_get(lab: Lab, url: str, timeout: float = 30.0) -> dict[str, Any]:
         lan.close()
 
 
-def set_route(lab: Lab, ip: str, node: str) -> dict[str, Any]:
+def set_route(lab: LabHandle, ip: str, node: str) -> dict[str, Any]:
     lan = lab.agent("lan")
     try:
         res: dict[str, Any] = lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(node)})
@@ -193,7 +194,7 @@ def start(
     )
 
 
-def read_state(lab: Lab, ip: str, port: int = 8000, timeout: float = 120.0) -> dict[str, Any] | None:
+def read_state(lab: LabHandle, ip: str, port: int = 8000, timeout: float = 120.0) -> dict[str, Any] | None:
     """The workload's /state through its service address, or None when it does not answer."""
     res = lan_get(lab, f"http://{ip}:{port}/state", timeout=timeout)
     if not res.get("ok"):
@@ -202,7 +203,7 @@ def read_state(lab: Lab, ip: str, port: int = 8000, timeout: float = 120.0) -> d
     return data
 
 
-def state(lab: Lab, name: str) -> dict[str, Any]:
+def state(lab: LabHandle, name: str) -> dict[str, Any]:
     loc = locate(lab, name)
     if not loc.ips:
         raise UsageError(f"container {name!r} on {loc.node} has no network address to read state from")
@@ -217,7 +218,7 @@ def state(lab: Lab, name: str) -> dict[str, Any]:
     return {**data, "name": name, "node": loc.node, "ip": ip, "service": f"http://{ip}:{port}"}
 
 
-def stop(lab: Lab, name: str) -> dict[str, Any]:
+def stop(lab: LabHandle, name: str) -> dict[str, Any]:
     inv = inventory(lab)
     removed: list[str] = []
     ips: set[str] = set()

@@ -34,6 +34,8 @@ _LAZY = phase_table(
     Phase(P.CHECKPOINT, lazy.lazy_checkpoint, lazy.undo_lazy_checkpoint),
     # undone only when the restore itself failed: once it succeeded the migration is committed
     Phase(P.RESTORE, lazy.lazy_restore, c.undo_restore),
+    # the copy already runs: the source is only a page server now, nothing to route back to
+    Phase(P.CUTOVER, traffic.cutover),
     Phase(P.PAGES, lazy.lazy_pages),
 )
 _POD = phase_table(

@@ -10,14 +10,14 @@ from dataclasses import dataclass, field
 
 from podmigrate.client import AgentClient
 from podmigrate.engine.record import Record, Store
-from podmigrate.lab.cluster import Lab
+from podmigrate.lab.handle import LabHandle
 
 Report = Callable[[str], None]
 
 
 @dataclass
 class Ctx:
-    lab: Lab
+    lab: LabHandle
     store: Store
     rec: Record
     report: Report

@@ -86,9 +86,9 @@ def verify(ctx: Ctx) -> None:
     before = rec.get("state_before")
     if probe and before:
         after = manage.read_state(ctx.lab, probe["host"], probe["port"])
-        rec["state_after"] = after
         if after is None:
             raise PodmigrateError(f"{rec['container']} answers but /state fails on {rec['target']}")
+        rec["state_after"] = after
         same_process = after.get("started") == before.get("started")
         checks = {
             "sha256_equal": after.get("sha256") == before.get("sha256"),

@@ -146,7 +146,9 @@ def validate(ctx: Ctx) -> None:
             "interval": rec["plan"]["probe_interval"],
         }
         if c["labels"].get(manage.LABEL_KIND) == "stream-server":
-            rec["state_before"] = manage.read_state(lab, c["ips"][0], port)
+            before = manage.read_state(lab, c["ips"][0], port)
+            if before is not None:
+                rec["state_before"] = before
     ctx.report(
         f"{c['name']} ({c['id'][:12]}) on {loc.node} -> {rec['target']}, address {', '.join(c['ips']) or 'none'}"
     )

@@ -1,0 +1,228 @@
+"""The engine's phases, rollbacks and crash recovery against the fake lab (``tests/fake_lab.py``):
+no root, no CRIU, milliseconds per migration. The real lab tests prove the same paths end to end."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_lab import CAPABILITIES, ControllerDied, FakeLab, World
+
+from podmigrate import layout
+from podmigrate.engine import controller, plans
+from podmigrate.engine.controller import Plan, migrate, recover, store_for
+from podmigrate.errors import MigrationFailed, UsageError
+
+# (mode, transport) of every lab container row of the plan table
+ROWS = [(m, t) for (s, m, t) in plans.PLANS if s == "container"]
+# the agent call each phase makes first: where a fault in that phase is injected (after letting
+# pass the calls to it that earlier phases make: validate reads the workload's state once)
+CALLS: dict[str, tuple[str, str, str, int]] = {
+    "page-server": ("target", "POST", r"/page-server$", 0),
+    "checkpoint": ("source", "POST", r"^/v1/containers/[^/]+/checkpoint(-lazy)?$", 0),
+    "push": ("source", "POST", r"/push$", 0),
+    "pull": ("target", "POST", r"/pull$", 0),
+    "transfer": ("source", "POST", r"/send$", 0),
+    "restore": ("target", "POST", r"^/v1/checkpoints/[^/]+/restore(-lazy)?$", 0),
+    "stop": ("source", "POST", r"/stop$", 0),
+    "start": ("target", "POST", r"^/v1/containers$", 0),
+    "cutover": ("lan", "PUT", r"^/v1/routes/", 0),
+    "verify": ("lan", "POST", r"^/v1/http$", 1),
+}
+
+
+@pytest.fixture(autouse=True)
+def no_patience(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the lab retries an undo for a minute while its agent restarts; a fake agent does not restart
+    monkeypatch.setattr(controller.LabRunner, "patience", 0.0)
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> FakeLab:
+    return FakeLab(tmp_path)
+
+
+def started(lab: FakeLab) -> dict[str, Any]:
+    c = lab.world.start("node-a", "web")
+    c.counter = 41
+    return {"ip": c.ip, "heap": c.heap, "started": c.started, "counter": c.counter}
+
+
+def node_of(world: World, role: str) -> str:
+    return {"source": "node-a", "target": "node-b", "lan": "lan"}[role]
+
+
+def assert_serves_on(lab: FakeLab, node: str, before: dict[str, Any], same_process: bool = True) -> None:
+    """The workload answers at its address from ``node`` alone, with its heap (and its process)."""
+    found = lab.world.serving(before["ip"])
+    assert found is not None, "nothing answers at the service address"
+    where, c = found
+    assert where == node and c.heap == before["heap"]
+    if same_process:
+        assert c.started == before["started"] and c.counter >= before["counter"]
+    assert [n for n, x in lab.world.where("web") if x.serves()] == [node]
+    assert lab.world.routes[before["ip"]] == layout.node_ip(node)
+
+
+def assert_nothing_left(lab: FakeLab) -> None:
+    left = lab.world.leftovers()
+    assert left == {"archives": {}, "images": [], "stopped": [], "reserved": {}, "lazy": {}}, left
+
+
+@pytest.mark.parametrize(("mode", "transport"), ROWS)
+def test_every_row_of_the_plan_table_runs_its_phases_and_moves_the_workload(lab, mode, transport):
+    before = started(lab)
+    rec = migrate(lab, Plan(workload="web", target="node-b", mode=mode, transport=transport))
+    assert rec["status"] == "completed"
+    assert [p["name"] for p in rec["phases"]] == [p.value for p in plans.row("container", mode, transport).phases]
+    assert rec["state"] == ("lost" if mode == "cold" else "kept")
+    assert_serves_on(lab, "node-b", before, same_process=mode != "cold")
+    assert_nothing_left(lab)
+    assert store_for(lab).get(rec["id"])["status"] == "completed"  # type: ignore[index]
+
+
+FAILURES = [
+    (mode, transport, phase.value)
+    for (scope, mode, transport), row in plans.PLANS.items()
+    if scope == "container"
+    for phase in row.phases[1 : row.phases.index(row.commit) + 1]
+    if phase.value in CALLS
+]
+
+
+@pytest.mark.parametrize(("mode", "transport", "phase"), FAILURES)
+def test_a_failure_in_any_phase_before_the_commit_rolls_back_to_the_source(lab, mode, transport, phase):
+    before = started(lab)
+    role, method, path, skip = CALLS[phase]
+    lab.world.fail(node_of(lab.world, role), method, path, message=f"{phase} broke", skip=skip)
+    with pytest.raises(
+        MigrationFailed, match=f"failed in phase {phase}: {phase} broke; rolled back, it runs on node-a"
+    ):
+        migrate(lab, Plan(workload="web", target="node-b", mode=mode, transport=transport))
+    (rec,) = store_for(lab).list()
+    assert rec["status"] == "rolled_back" and rec["error"]["message"] == f"{phase} broke"
+    undone = [r["phase"] for r in rec["rollbacks"]]
+    with_undo = {p.name.value for p in controller.implementations("container", mode).values() if p.undo}
+    assert undone == [p["name"] for p in reversed(rec["phases"]) if p["name"] in with_undo]
+    assert all(r["ok"] for r in rec["rollbacks"])
+    assert_serves_on(lab, "node-a", before, same_process=mode != "cold")
+    assert_nothing_left(lab)
+
+
+DEATHS = [
+    (mode, transport, phase.value, row.phases.index(phase) > row.phases.index(row.commit))
+    for (scope, mode, transport), row in plans.PLANS.items()
+    if scope == "container"
+    for phase in row.phases[1:]
+    if phase.value in CALLS
+]
+
+
+@pytest.mark.parametrize(("mode", "transport", "phase", "past_commit"), DEATHS)
+def test_a_controller_that_dies_in_any_phase_is_rolled_back_or_finished_by_the_next(
+    lab, mode, transport, phase, past_commit
+):
+    before = started(lab)
+    role, method, path, skip = CALLS[phase]
+    lab.world.fail(node_of(lab.world, role), method, path, kind="die", skip=skip)
+    with pytest.raises(ControllerDied):
+        migrate(lab, Plan(workload="web", target="node-b", mode=mode, transport=transport))
+    (left,) = store_for(lab).active()
+    assert left["phase"] == phase
+    (rec,) = recover(lab, store_for(lab))
+    if past_commit:  # the target holds the only complete copy: finished forward
+        assert rec["status"] == "completed", rec
+        assert_serves_on(lab, "node-b", before, same_process=mode != "cold")
+    else:
+        assert rec["status"] == "rolled_back", rec
+        assert_serves_on(lab, "node-a", before, same_process=mode != "cold")
+    assert_nothing_left(lab)
+    assert store_for(lab).active() == []
+
+
+def test_a_controller_that_dies_during_the_rollback_leaves_it_for_the_next_to_finish(lab):
+    before = started(lab)
+    lab.world.fail("node-b", "POST", r"/restore$", message="restore broke")
+    lab.world.fail("node-a", "POST", r"^/v1/registry/delete$", kind="die")  # in the undo of push
+    with pytest.raises(ControllerDied):
+        migrate(lab, Plan(workload="web", target="node-b"))
+    (left,) = store_for(lab).active()
+    assert left["status"] == "rolling_back" and [r["phase"] for r in left["rollbacks"]] == ["restore", "pull"]
+    calls = len(lab.world.calls)
+    (rec,) = recover(lab, store_for(lab))
+    assert rec["status"] == "rolled_back"
+    assert [r["phase"] for r in rec["rollbacks"]] == ["restore", "pull", "push", "checkpoint"]
+    # the undos that had succeeded (restore, pull: both on the target) are not run again
+    assert [path for node, _, path in lab.world.calls[calls:] if node == "node-b"] == [
+        f"/v1/checkpoints/{rec['id']}/release-memory"
+    ]
+    assert_serves_on(lab, "node-a", before)
+    assert_nothing_left(lab)
+
+
+def test_an_undo_that_only_deletes_a_copy_and_fails_leaves_a_leftover_not_a_failure(lab):
+    before = started(lab)
+    lab.world.fail("node-b", "POST", r"/restore$", message="restore broke")
+    lab.world.fail("node-a", "POST", r"^/v1/registry/delete$", message="registry down")
+    with pytest.raises(MigrationFailed, match="rolled back"):
+        migrate(lab, Plan(workload="web", target="node-b"))
+    (rec,) = store_for(lab).list()
+    assert rec["status"] == "rolled_back"
+    assert rec["leftovers"] == [{"phase": "push", "error": "registry down"}]
+    assert_serves_on(lab, "node-a", before)
+    assert list(lab.world.registry) == [rec["reference"]]  # what gc will find
+
+
+def test_an_undo_that_protects_the_workload_and_fails_makes_the_migration_failed(lab):
+    started(lab)
+    lab.world.fail("node-b", "POST", r"/restore$", message="restore broke")
+    lab.world.fail("node-a", "POST", r"^/v1/containers/web/restore$", message="restore in place broke")
+    with pytest.raises(MigrationFailed, match="ROLLBACK FAILED: see the record"):
+        migrate(lab, Plan(workload="web", target="node-b"))
+    (rec,) = store_for(lab).list()
+    assert rec["status"] == "failed"
+    assert [r["ok"] for r in rec["rollbacks"]] == [True, True, True, False]
+
+
+def test_an_unreachable_agent_during_an_undo_is_retried_while_it_comes_back(lab, monkeypatch):
+    before = started(lab)
+    monkeypatch.setattr(controller.LabRunner, "patience", 30.0)
+    monkeypatch.setattr(controller.time, "sleep", lambda _s: None)
+    lab.world.fail("node-b", "POST", r"/restore$", message="restore broke")
+    lab.world.fail("node-a", "GET", r"^/v1/containers$", kind="unreachable", times=2, skip=1)  # not validate's
+    reports: list[str] = []
+    with pytest.raises(MigrationFailed, match="rolled back"):
+        migrate(lab, Plan(workload="web", target="node-b"), reports.append)
+    assert sum("retrying" in r for r in reports) == 2
+    assert_serves_on(lab, "node-a", before)
+
+
+def test_a_lazy_migration_that_fails_after_its_copy_runs_is_not_rolled_back(lab):
+    before = started(lab)
+    lab.world.fail("lan", "POST", r"^/v1/http$", message="no answer", skip=1)
+    with pytest.raises(MigrationFailed, match="failed in phase verify"):
+        migrate(lab, Plan(workload="web", target="node-b", mode="lazy"))
+    (rec,) = store_for(lab).list()
+    assert rec["status"] == "failed" and rec["rollbacks"] == [] and "only one" in rec["hint"]
+    assert_serves_on(lab, "node-b", before)
+
+
+def test_a_lazy_migration_to_a_node_without_userfaultfd_is_refused_before_anything_changes(lab, monkeypatch):
+    started(lab)
+    monkeypatch.setitem(CAPABILITIES, "lazy_pages", False)
+    with pytest.raises(UsageError, match="node-a cannot take part in this migration: .* reports no lazy_pages"):
+        migrate(lab, Plan(workload="web", target="node-b", mode="lazy"))
+    assert store_for(lab).list() == []  # a rejected request leaves no record
+    assert not any("checkpoint" in path for _, _, path in lab.world.calls)
+
+
+def test_a_request_that_validate_refuses_leaves_no_record_and_changes_nothing(lab):
+    before = started(lab)
+    with pytest.raises(UsageError, match="already runs on node-a"):
+        migrate(lab, Plan(workload="web", target="node-a"))
+    with pytest.raises(UsageError, match="no container named 'nope'"):
+        migrate(lab, Plan(workload="nope", target="node-b"))
+    assert store_for(lab).list() == []
+    assert_serves_on(lab, "node-a", before)
+    assert not any(m != "GET" for _, m, _ in lab.world.calls)
