@@ -7,12 +7,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_lab import CAPABILITIES, ControllerDied, FakeLab, World
 
 from podmigrate import layout
-from podmigrate.engine import controller, plans
+from podmigrate.engine import controller, phases, plans
 from podmigrate.engine.controller import Plan, migrate, recover, store_for
 from podmigrate.errors import MigrationFailed, UsageError
+from tests.fake_lab import CAPABILITIES, ControllerDied, FakeLab, World
 
 # (mode, transport) of every lab container row of the plan table
 ROWS = [(m, t) for (s, m, t) in plans.PLANS if s == "container"]
@@ -103,7 +103,7 @@ def test_a_failure_in_any_phase_before_the_commit_rolls_back_to_the_source(lab, 
     (rec,) = store_for(lab).list()
     assert rec["status"] == "rolled_back" and rec["error"]["message"] == f"{phase} broke"
     undone = [r["phase"] for r in rec["rollbacks"]]
-    with_undo = {p.name.value for p in controller.implementations("container", mode).values() if p.undo}
+    with_undo = {p.name.value for p in phases.implementations("container", mode).values() if p.undo}
     assert undone == [p["name"] for p in reversed(rec["phases"]) if p["name"] in with_undo]
     assert all(r["ok"] for r in rec["rollbacks"])
     assert_serves_on(lab, "node-a", before, same_process=mode != "cold")
@@ -188,7 +188,7 @@ def test_an_undo_that_protects_the_workload_and_fails_makes_the_migration_failed
 def test_an_unreachable_agent_during_an_undo_is_retried_while_it_comes_back(lab, monkeypatch):
     before = started(lab)
     monkeypatch.setattr(controller.LabRunner, "patience", 30.0)
-    monkeypatch.setattr(controller.time, "sleep", lambda _s: None)
+    monkeypatch.setattr(controller.LabRunner, "retry_delay", 0.0)
     lab.world.fail("node-b", "POST", r"/restore$", message="restore broke")
     lab.world.fail("node-a", "GET", r"^/v1/containers$", kind="unreachable", times=2, skip=1)  # not validate's
     reports: list[str] = []
@@ -211,7 +211,7 @@ def test_a_lazy_migration_that_fails_after_its_copy_runs_is_not_rolled_back(lab)
 def test_a_lazy_migration_to_a_node_without_userfaultfd_is_refused_before_anything_changes(lab, monkeypatch):
     started(lab)
     monkeypatch.setitem(CAPABILITIES, "lazy_pages", False)
-    with pytest.raises(UsageError, match="node-a cannot take part in this migration: .* reports no lazy_pages"):
+    with pytest.raises(UsageError, match=r"node-a cannot take part in this migration: .* reports no lazy_pages"):
         migrate(lab, Plan(workload="web", target="node-b", mode="lazy"))
     assert store_for(lab).list() == []  # a rejected request leaves no record
     assert not any("checkpoint" in path for _, _, path in lab.world.calls)

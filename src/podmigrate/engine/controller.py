@@ -60,6 +60,7 @@ class LabRunner(Runner[Ctx]):
     """The runner with the lab's record store, progress lines and agent retries."""
 
     patience = 60.0  # an unreachable agent is usually one the lab is restarting
+    retry_delay = 1.0
 
     def row(self) -> plans.Row:
         rec = self.ctx.rec
@@ -107,7 +108,7 @@ class LabRunner(Runner[Ctx]):
                 if time.monotonic() > deadline:
                     raise
                 self.ctx.report(f"… undo {phase.name.value}: {e.message}; retrying")
-                time.sleep(1.0)
+                time.sleep(self.retry_delay)
 
     def undone(self, phase: Phase[Ctx], result: Rollback) -> None:
         if result["ok"]:
