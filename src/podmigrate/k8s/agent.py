@@ -1,6 +1,6 @@
 """The Kubernetes node agent (one per node, a DaemonSet): kubelet checkpoint -> OCI image -> registry.
 
-It is the lab's node agent (same route table, bearer-token auth and JSON errors, ``agent.server.App``)
+It is the lab's node agent (same route table, bearer-token auth and JSON errors, ``agent.http.App``)
 with a Kubernetes backend: the kubelet's Checkpoint API instead of Podman, and the same streamed
 checkpoint-image push (``transport.registry``: the archive is the image's one layer, CRI-O's
 annotations on the manifest). Restoring needs no agent: the kubelet and CRI-O restore a pod whose
@@ -31,7 +31,7 @@ from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from podmigrate.agent.server import App, make_handler
+from podmigrate.agent.http import App, make_handler
 from podmigrate.errors import UsageError
 from podmigrate.k8s.kubelet import CHECKPOINT_DIR, KubeletClient
 from podmigrate.transport import registry

@@ -3,7 +3,9 @@
 No registry and no second copy: one HTTP PUT over the LAN, read and hashed in 1 MiB blocks on both
 ends. The receiver writes ``<id>.tar.part`` and remembers the SHA-256 it computed; the sender then
 commits with the SHA-256 *it* computed, and only if they match does the file become ``<id>.tar``,
-the name restore reads. Standard library only (runs in node agents).
+the name restore reads. In this transport the memory pages went to the target's CRIU page server
+during the dump, so what is sent is the rest of the archive; sibling ``transport.archive`` sends a
+whole export through the same functions. Standard library only (runs in node agents).
 """
 
 from __future__ import annotations
@@ -14,14 +16,39 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from podmigrate.errors import TransportError
+from podmigrate.transport.base import Sent
+
+if TYPE_CHECKING:
+    from podmigrate.transport.base import Transport
 
 CHUNK = 1 << 20
 
 
-def send(archive: Path, host: str, port: int, cid: str, token: str) -> dict[str, Any]:
+class Streamed(Sent):
+    sha256: str  # of the bytes sent, which the target's commit matched
+
+
+class StreamTransport:
+    """Sends ``<id>.tar`` to the agent on host ``to`` (its ``port``, with this lab's ``token``); the
+    target's upload route receives it (``receive``) and its commit route checks it (``commit``)."""
+
+    def __init__(self, token: str, port: int):
+        self.token, self.port = token, port
+
+    def send(self, archive: Path, to: str) -> Streamed:
+        return send(archive, to, self.port, archive.name.removesuffix(".tar"), self.token)
+
+
+if TYPE_CHECKING:
+
+    def _conforms(t: StreamTransport) -> Transport:
+        return t
+
+
+def send(archive: Path, host: str, port: int, cid: str, token: str) -> Streamed:
     size = archive.stat().st_size
     h = hashlib.sha256()
     t0 = time.time()

@@ -1,0 +1,159 @@
+"""The LAN agent's routes: the router, HTTP reads of service addresses, probes, held connections.
+
+Standard library only. One per lab, on the LAN bridge's side; served by ``agent.server`` over
+``agent.http``; routers from ``routing``, probes and connections from ``agent.probe``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from podmigrate import routing
+from podmigrate.agent.http import App
+from podmigrate.agent.probe import KeepAlive, Probe
+from podmigrate.errors import UsageError
+from podmigrate.routing import Router
+
+
+class LanAgent:
+    """The lab's router (chosen per lab and kept in ``router_file``, so a restarted agent keeps using
+    it), its probers of service addresses and the client connections it holds open."""
+
+    def __init__(self, app: App, router_file: str | None = None):
+        self.app = app
+        self.saved = Path(router_file) if router_file else None
+        self.router: Router = routing.make(
+            self.saved.read_text().strip() if self.saved and self.saved.exists() else "route"
+        )
+        # a router change must not interleave with a switch (which could land on the router being torn down)
+        self.router_lock = threading.Lock()
+        self.probes: dict[str, Probe] = {}
+        self.conns: dict[str, KeepAlive] = {}
+
+    def register(self) -> None:
+        for method, pattern, fn in (
+            ("GET", "/v1/info", self.info),
+            ("GET", "/v1/router", self.get_router),
+            ("PUT", "/v1/router", self.set_router),
+            ("GET", "/v1/routes", self.routes),
+            ("PUT", "/v1/routes/(?P<addr>[0-9.]+)", self.switch),
+            ("POST", "/v1/routes/(?P<addr>[0-9.]+)/drain", self.end_drain),
+            ("DELETE", "/v1/routes/(?P<addr>[0-9.]+)", self.unroute),
+            ("GET", "/v1/routes/(?P<addr>[0-9.]+)", self.lookup),
+            ("POST", "/v1/http", self.http_get),
+            ("POST", "/v1/probes", self.start_probe),
+            ("GET", "/v1/probes/(?P<pid>[0-9a-f]+)", self.read_probe),
+            ("DELETE", "/v1/probes/(?P<pid>[0-9a-f]+)", self.stop_probe),
+            ("POST", "/v1/connections", self.open_conn),
+            ("GET", "/v1/connections/(?P<cid>[0-9a-f]+)", self.conn_status),
+            ("DELETE", "/v1/connections/(?P<cid>[0-9a-f]+)", self.close_conn),
+        ):
+            self.app.route(method, pattern)(fn)
+
+    def info(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {
+            "name": self.app.name,
+            "role": self.app.role,
+            "pid": os.getpid(),
+            "started": self.app.started,
+            "router": self.router.name,
+            "probes": len(self.probes),
+        }
+
+    # ------------------------------------------------------------------ router and routes
+    def get_router(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {"name": self.router.name, "services": self.router.services()}
+
+    def set_router(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        name = str(b.get("name"))
+        if name not in routing.NAMES:
+            raise UsageError(f"no router named {name!r}", hint=f"choose one of: {', '.join(routing.NAMES)}")
+        with self.router_lock:
+            if name != self.router.name:
+                self.router = routing.replace(self.router, name)
+            if self.saved:
+                self.saved.write_text(name + "\n")
+        return self.get_router(p, b)
+
+    def routes(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return self.router.routes()
+
+    def switch(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        with self.router_lock:
+            return {**self.router.switch(p["addr"], b["via"], bool(b.get("drain"))), "router": self.router.name}
+
+    def end_drain(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return self.router.end_drain(p["addr"], float(b.get("timeout", 2.0)))
+
+    def unroute(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        with self.router_lock:
+            return {"removed": self.router.remove(p["addr"])}
+
+    def lookup(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {"addr": p["addr"], "via": self.router.lookup(p["addr"])}
+
+    # ------------------------------------------------------------------ a client's view
+    def http_get(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        """GET a URL from the LAN, as a client of the service would."""
+        t0 = time.time()
+        try:
+            with urllib.request.urlopen(b["url"], timeout=float(b.get("timeout", 10))) as r:
+                body = r.read()
+                status = r.status
+        except urllib.error.HTTPError as e:
+            body, status = e.read(), e.code
+        except (OSError, ValueError) as e:
+            return {"ok": False, "error": f"{type(e).__name__}: {e}", "elapsed": time.time() - t0}
+        return {
+            "ok": status == 200,
+            "status": status,
+            "body": body.decode(errors="replace"),
+            "elapsed": time.time() - t0,
+        }
+
+    def start_probe(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        pr = Probe(
+            b["host"],
+            int(b["port"]),
+            b.get("path", "/healthz"),
+            float(b.get("interval", 0.02)),
+            float(b.get("timeout", 1.0)),
+        )
+        self.probes[pr.id] = pr
+        return {"id": pr.id}
+
+    def read_probe(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        if p["pid"] not in self.probes:
+            raise UsageError(f"no probe {p['pid']}")
+        return self.probes[p["pid"]].snapshot()
+
+    def stop_probe(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        pr = self.probes.pop(p["pid"], None)
+        if pr is None:
+            raise UsageError(f"no probe {p['pid']}")
+        return pr.stop()
+
+    def open_conn(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        try:
+            ka = KeepAlive(b["host"], int(b["port"]), b.get("path", "/counter"), float(b.get("interval", 0.05)))
+        except OSError as e:
+            raise UsageError(f"cannot connect to {b['host']}:{b['port']}: {e}") from e
+        self.conns[ka.id] = ka
+        return ka.status()
+
+    def conn_status(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        if p["cid"] not in self.conns:
+            raise UsageError(f"no connection {p['cid']}")
+        return self.conns[p["cid"]].status()
+
+    def close_conn(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        ka = self.conns.pop(p["cid"], None)
+        if ka is None:
+            raise UsageError(f"no connection {p['cid']}")
+        return ka.stop()

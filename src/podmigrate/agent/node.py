@@ -1,0 +1,280 @@
+"""The node agent's routes: containers, pods, checkpoints and their transports (standard library only).
+
+Served by ``agent.server`` over ``agent.http``; CRIU's long-running processes are in
+``agent.node_lazy``, memory reservations in ``agent.memory``, file names and locks in
+``agent.checkpoints``; the checkpoint bytes move through ``transport`` (``registry``, ``stream``,
+``archive``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from podmigrate import layout
+from podmigrate.agent.checkpoints import CheckpointDir
+from podmigrate.agent.http import App, safe_id
+from podmigrate.agent.memory import Reservations
+from podmigrate.agent.node_lazy import LazyPages
+from podmigrate.errors import RuntimeBackendError, UsageError
+from podmigrate.transport import stream
+from podmigrate.transport.archive import ArchiveTransport
+from podmigrate.transport.base import Sent, Transport
+from podmigrate.transport.registry import RegistryTransport
+from podmigrate.transport.stream import StreamTransport
+
+if TYPE_CHECKING:
+    # runtime.base.Runtime does not declare the pod, lazy-pages, resume and rss verbs (nor the
+    # ``criu`` options) yet; once it does, this is ``Runtime`` and the agent never names Podman
+    from typing import TypeAlias
+
+    from podmigrate.runtime.podman import Podman
+
+    NodeRuntime: TypeAlias = Podman
+
+
+class NodeAgent:
+    """One lab node's agent: an HTTP API over its runtime ``rt`` and its checkpoint directory."""
+
+    def __init__(self, app: App, rt: NodeRuntime, checkpoints: Path = Path(layout.NODE_CHECKPOINTS)):
+        self.app, self.rt = app, rt
+        self.files = CheckpointDir(checkpoints)
+        self.memory = Reservations()
+        self.lazy = LazyPages(app.name, rt, self.files, self.memory)
+        self.registry = RegistryTransport()
+        # the engine's stream and archive transports both arrive at /send: on this side they differ
+        # only in whether the export still holds the memory pages (no page server took them)
+        self.stream = StreamTransport(app.token, layout.AGENT_PORT)
+        self.archive = ArchiveTransport(app.token, layout.AGENT_PORT)
+
+    def register(self) -> None:
+        for method, pattern, fn in (
+            ("GET", "/v1/info", self.info),
+            ("GET", "/v1/containers", self.containers),
+            ("POST", "/v1/containers", self.run),
+            ("POST", "/v1/images", self.ensure_image),
+            ("POST", "/v1/pods", self.pod),
+            ("GET", "/v1/pods/(?P<pod>[^/]+)", self.pod_info),
+            ("POST", "/v1/pods/(?P<pod>[^/]+)/checkpoint", self.pod_checkpoint),
+            ("POST", "/v1/pods/(?P<pod>[^/]+)/restore-in-place", self.pod_restore_in_place),
+            ("POST", "/v1/pods/(?P<pod>[^/]+)/restore", self.pod_restore),
+            ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/send-pod", self.send_pod),
+            ("DELETE", "/v1/containers/(?P<name>[^/]+)", self.remove),
+            ("POST", "/v1/containers/(?P<name>[^/]+)/checkpoint", self.checkpoint),
+            ("POST", "/v1/containers/(?P<name>[^/]+)/restore", self.restore_local),
+            ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/restore", self.restore_archive),
+            ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/push", self.push),
+            ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/pull", self.pull),
+            ("PUT", "/v1/checkpoints/(?P<cid>[^/]+)", self.upload),
+            ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/commit", self.commit),
+            ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/send", self.send),
+            ("POST", "/v1/containers/(?P<name>[^/]+)/resume", self.resume),
+            ("GET", "/v1/containers/(?P<name>[^/]+)/spec", self.spec),
+            ("GET", "/v1/containers/(?P<name>[^/]+)/memory", self.rss),
+            ("POST", "/v1/containers/(?P<name>[^/]+)/stop", self.stop),
+            ("POST", "/v1/containers/(?P<name>[^/]+)/start", self.start),
+            ("POST", "/v1/containers/(?P<name>[^/]+)/retire", self.retire),
+            ("DELETE", "/v1/checkpoints/(?P<cid>[^/]+)", self.delete),
+            ("GET", "/v1/checkpoints", self.listing),
+            ("POST", "/v1/registry/delete", self.registry_delete),
+        ):
+            self.app.route(method, pattern)(fn)
+        self.lazy.register(self.app)
+        self.memory.register(self.app)
+
+    # ------------------------------------------------------------------ containers and pods
+    def info(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        free = shutil.disk_usage(self.files.root)
+        return {
+            "name": self.app.name,
+            "role": self.app.role,
+            "ip": layout.node_ip(self.app.name),
+            "pid": os.getpid(),
+            "started": self.app.started,
+            "disk_free_bytes": free.free,
+            **self.rt.info(),
+        }
+
+    def containers(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return self.rt.list_containers()
+
+    def run(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        self.rt.ensure_image(b["image"])
+        return self.rt.run(b)  # type: ignore[arg-type]
+
+    def ensure_image(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        t0 = time.time()
+        return {"image": b["image"], "pulled": self.rt.ensure_image(b["image"]), "seconds": time.time() - t0}
+
+    def pod(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        self.rt.create_pod(b["name"], b.get("network", layout.WORKLOAD_NETWORK))
+        return {"name": b["name"]}
+
+    def pod_info(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return self.rt.pod_info(p["pod"])
+
+    def pod_checkpoint(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        with self.files.busy(b["checkpoint_id"]):
+            return self.rt.checkpoint_pod(
+                p["pod"],
+                self.files.members(b["checkpoint_id"], b["members"]),
+                tcp_established=b.get("tcp_established", True),
+                leave_running=bool(b.get("leave_running")),
+            )
+
+    def pod_restore_in_place(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return self.rt.restore_pod_in_place(p["pod"], b["members"], tcp_established=b.get("tcp_established", True))
+
+    def pod_restore(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        if b.get("image"):
+            self.rt.ensure_image(b["image"])
+        with self.files.busy(b["checkpoint_id"]):
+            return self.rt.restore_pod(
+                p["pod"],
+                b.get("network", layout.WORKLOAD_NETWORK),
+                b["ip"],
+                self.files.members(b["checkpoint_id"], b["members"]),
+                mac=b.get("mac"),
+                tcp_established=b.get("tcp_established", True),
+                fresh=b.get("fresh") or [],
+            )
+
+    def remove(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        self.rt.remove(p["name"])
+        return {"removed": p["name"]}
+
+    def resume(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return self.rt.resume(p["name"])
+
+    def spec(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return self.rt.spec(p["name"])
+
+    def rss(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {"rss_bytes": self.rt.rss(p["name"])}
+
+    def stop(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        t0 = time.time()
+        self.rt.stop(p["name"], float(b.get("timeout", 2)))
+        return {"started": t0, "ended": time.time()}
+
+    def start(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        self.rt.start(p["name"])
+        return {"started": p["name"]}
+
+    def retire(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        """Remove a container that a newer copy elsewhere replaced, cut off from the network first,
+        so that removing it sends no FIN or RST to clients whose connections moved on."""
+        return self.rt.retire(p["name"], b.get("ips") or [])
+
+    # ------------------------------------------------------------------ checkpoint and restore
+    def checkpoint(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        a = self.files.archive(b["checkpoint_id"])
+        criu: tuple[str, ...] = ()
+        if b.get("page_server"):
+            ps = b["page_server"]
+            criu = ("page-server", f"address={ps['address']}", f"port={ps['port']}")
+            if b.get("leave_stopped"):
+                criu += ("leave-stopped",)
+        with self.files.busy(b["checkpoint_id"]):
+            res = self.rt.checkpoint(
+                p["name"],
+                a,
+                tcp_established=b.get("tcp_established", True),
+                leave_running=b.get("leave_running", False) or bool(b.get("leave_stopped")),
+                criu=criu,
+            )
+        return {**res, "archive": str(a)}
+
+    def restore_local(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return self.rt.restore_local(p["name"], tcp_established=b.get("tcp_established", True))
+
+    def restore_archive(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        if b.get("image"):
+            b["image_pulled"] = self.rt.ensure_image(b["image"])
+        cid = p["cid"]
+        pages = self.files.pages(cid)
+        # auto-dedup: CRIU punches each page out of the images once it is restored, so the page cache
+        # the images fill is freed while the heap fills up and its (already touched) memory is reused,
+        # instead of a second heap's worth of fresh memory (seconds per GB on a VM). Only here, on the
+        # target: the source's own copy, which a rollback restores from, is never punched.
+        criu: tuple[str, ...] = ("auto-dedup",)
+        self.memory.release(cid)  # if nothing released it yet
+        with self.files.busy(cid):
+            if pages.is_dir():
+                # the page server wrote the memory pages here; the rest of the images come in the archive
+                untar = subprocess.run(
+                    [
+                        "tar",
+                        "-C",
+                        str(pages),
+                        "-xf",
+                        str(self.files.archive(cid)),
+                        "--strip-components=1",
+                        "checkpoint",
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
+                if untar.returncode:
+                    raise RuntimeBackendError(f"unpacking checkpoint {cid} failed: {untar.stderr.strip()}")
+                criu += (f"images-dir={pages}",)
+            res = self.rt.restore_archive(
+                self.files.archive(cid), tcp_established=b.get("tcp_established", True), criu=criu
+            )
+        return {**res, "image_pulled": b.get("image_pulled", False)}
+
+    def delete(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        cid = safe_id(p["cid"])
+        self.lazy.stop(cid)
+        with self.files.busy(cid):
+            existed = self.files.remove(cid)
+        return {"deleted": existed}
+
+    def listing(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return self.files.listing()
+
+    # ------------------------------------------------------------------ moving checkpoints
+    def _send(self, t: Transport, cid: str, archive: Path, to: str) -> Sent:
+        with self.files.busy(cid):
+            return t.send(archive, to)
+
+    def push(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        archive, reference = self.files.archive(p["cid"]), b["reference"]
+        image = RegistryTransport(b.get("annotations") or {}, b.get("compression", "none"))
+        return self._send(image, p["cid"], archive, reference)
+
+    def pull(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        self.memory.release(p["cid"])
+        with self.files.busy(p["cid"]):
+            return self.registry.fetch(b["reference"], self.files.archive(p["cid"]))
+
+    def registry_delete(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        if b.get("checkpoint_id"):
+            with self.files.busy(b["checkpoint_id"]):
+                return {"deleted": self.registry.discard(b["reference"])}
+        return {"deleted": self.registry.discard(b["reference"])}
+
+    def send(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        target = b["node"]
+        return self._send(self.stream, p["cid"], self.files.archive(p["cid"]), layout.node_ip(target))
+
+    def send_pod(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        total = 0
+        for _m, a in self.files.members(p["cid"], b["members"]).items():
+            total += self._send(self.archive, p["cid"], a, layout.node_ip(b["node"]))["bytes"]
+        return {"bytes": total}
+
+    def upload(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        self.memory.release(p["cid"])
+        if "stream" not in b:
+            raise UsageError("a checkpoint upload needs Content-Type: application/octet-stream")
+        with self.files.busy(p["cid"]):
+            return stream.receive(b["stream"], b["length"], self.files.archive(p["cid"]))
+
+    def commit(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        with self.files.busy(p["cid"]):
+            return stream.commit(self.files.archive(p["cid"]), b["sha256"])

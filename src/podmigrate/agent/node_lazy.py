@@ -1,0 +1,143 @@
+"""The node agent's CRIU processes that outlive their request: page server and post-copy (standard library only).
+
+Routes page-server, checkpoint-lazy, restore-lazy, lazy and abort-lazy, registered by ``agent.node``
+(which stops what is left here when a checkpoint is deleted); files and locks from
+``agent.checkpoints``, memory from ``agent.memory``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from podmigrate import layout
+from podmigrate.agent.checkpoints import CheckpointDir
+from podmigrate.agent.http import App
+from podmigrate.agent.memory import Reservations
+from podmigrate.runtime.uffd import FaultWaker
+
+if TYPE_CHECKING:
+    from podmigrate.agent.node import NodeRuntime
+
+
+class LazyPages:
+    """CRIU processes by role and checkpoint id: the page server receiving a dump (``ps``), the
+    source's lazy dump serving pages (``src``), the target's lazy-pages daemon (``dst``)."""
+
+    def __init__(self, name: str, rt: NodeRuntime, files: CheckpointDir, memory: Reservations):
+        self.name, self.rt, self.files, self.memory = name, rt, files, memory
+        self.jobs: dict[str, subprocess.Popen[Any]] = {}
+        self.lazy_ports: dict[str, int] = {}
+        self.wakers: dict[str, FaultWaker] = {}
+
+    def register(self, app: App) -> None:
+        app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/page-server")(self.page_server)
+        app.route("POST", "/v1/containers/(?P<name>[^/]+)/checkpoint-lazy")(self.checkpoint_lazy)
+        app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/restore-lazy")(self.restore_lazy)
+        app.route("GET", "/v1/checkpoints/(?P<cid>[^/]+)/lazy")(self.lazy_status)
+        app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/abort-lazy")(self.abort_lazy)
+
+    def stop(self, cid: str) -> None:
+        """What a deleted checkpoint leaves running here; the source's lazy dump is never killed:
+        abort-lazy ends it safely."""
+        for role in ("ps", "dst"):
+            job = self.jobs.pop(f"{role}-{cid}", None)
+            if job is not None and job.poll() is None:
+                job.kill()
+                job.wait()
+        waker = self.wakers.pop(cid, None)
+        if waker is not None:
+            waker.stop()
+
+    def _free_port(self) -> int:
+        with socket.socket() as sk:
+            sk.bind((layout.node_ip(self.name), 0))
+            return int(sk.getsockname()[1])
+
+    def page_server(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        """Start a CRIU page server that receives the memory pages of checkpoint ``cid``."""
+        self.memory.release(p["cid"])
+        port = self._free_port()  # the page server takes it right after
+        self.jobs[f"ps-{p['cid']}"] = self.rt.page_server(self.files.pages(p["cid"]), layout.node_ip(self.name), port)
+        return {"address": layout.node_ip(self.name), "port": port}
+
+    def checkpoint_lazy(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        cid = b["checkpoint_id"]
+        port = self._free_port()
+        t0 = time.time()
+        with self.files.busy(cid):
+            self.jobs[f"src-{cid}"], times = self.rt.lazy_checkpoint(
+                p["name"],
+                self.files.archive(cid),
+                layout.node_ip(self.name),
+                port,
+                tcp_established=b.get("tcp_established", True),
+            )
+        self.lazy_ports[cid] = port
+        return {
+            "address": layout.node_ip(self.name),
+            "port": port,
+            "started": t0,
+            "times": times,
+            "ended": time.time(),
+            "archive_bytes": self.files.archive(cid).stat().st_size,
+            "stats": {},
+        }
+
+    def restore_lazy(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        cid = p["cid"]
+        if b.get("image"):
+            self.rt.ensure_image(b["image"])
+        with self.files.busy(cid):
+            res, daemon, waker = self.rt.lazy_restore(
+                self.files.archive(cid),
+                self.files.pages(cid),
+                self.files.work(cid),
+                b["address"],
+                int(b["port"]),
+                tcp_established=b.get("tcp_established", True),
+                wake_faults=b.get("wake_faults", True),
+            )
+        self.jobs[f"dst-{cid}"] = daemon
+        if waker:
+            self.wakers[cid] = waker
+        return {**res, "wake_faults": waker is not None}
+
+    def lazy_status(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        out: dict[str, Any] = {}
+        for role in ("src", "dst"):
+            job = self.jobs.get(f"{role}-{p['cid']}")
+            if job is not None:
+                out[role] = {"running": job.poll() is None, "rc": job.returncode}
+        if p["cid"] in self.wakers:
+            out["waker"] = self.wakers[p["cid"]].status()
+        # bytes this node sent on its LAN link: across a post-copy, the pages its dump served
+        # (/proc/net/dev, not /sys/class/net: sysfs shows the netns of whoever mounted it)
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            line = next(
+                ln for ln in Path("/proc/self/net/dev").read_text().splitlines() if ln.strip().startswith("eth0:")
+            )
+            out["lan_tx_bytes"] = int(line.split(":", 1)[1].split()[8])
+        return out
+
+    def abort_lazy(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        """Make a lazy dump that no target is pulling from give up: CRIU's page server gets a request
+        it does not know, fails, and then thaws the tasks and unlocks the network (its error path)."""
+        job = self.jobs.get(f"src-{p['cid']}")
+        if job is None or job.poll() is not None:
+            return {"aborted": False, "rc": None if job is None else job.returncode}
+        try:
+            with socket.create_connection((layout.node_ip(self.name), self.lazy_ports[p["cid"]]), timeout=5) as sk:
+                sk.sendall(b"\xff" * 64)
+        except OSError:
+            pass
+        try:
+            job.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            job.wait()
+        return {"aborted": True, "rc": job.returncode}
