@@ -27,7 +27,7 @@ from typing import Any
 import httpx
 
 from podmigrate import layout
-from podmigrate.agent.server import App
+from podmigrate.agent.http import App
 from podmigrate.client import AgentClient
 from podmigrate.errors import PodmigrateError, RuntimeBackendError, UsageError
 

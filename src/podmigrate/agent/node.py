@@ -28,13 +28,11 @@ from podmigrate.transport.registry import RegistryTransport
 from podmigrate.transport.stream import StreamTransport
 
 if TYPE_CHECKING:
-    # runtime.base.Runtime does not declare the pod, lazy-pages, resume and rss verbs (nor the
-    # ``criu`` options) yet; once it does, this is ``Runtime`` and the agent never names Podman
     from typing import TypeAlias
 
-    from podmigrate.runtime.podman import Podman
+    from podmigrate.runtime.base import Runtime
 
-    NodeRuntime: TypeAlias = Podman
+    NodeRuntime: TypeAlias = Runtime  # the agent never names a runtime: server.py picks it
 
 
 class NodeAgent:

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
 
-from podmigrate import layout
+from podmigrate import layout, transport
 from podmigrate.engine import plans, summary
 from podmigrate.engine.phases import PROBE_FROM, Ctx, Report, implementations
 from podmigrate.engine.phases.traffic import release_target_memory, start_probe, stop_probe_quietly
@@ -30,8 +30,9 @@ from podmigrate.lab.handle import LabHandle
 __all__ = ["MODES", "TRANSPORTS", "Plan", "migrate", "parse_probe", "recover", "store_for"]
 
 MODES = ("stop-copy", "decoupled", "lazy", "cold")
-# archive: podman's own --export / --import path with an agent-to-agent copy (a baseline)
-TRANSPORTS = ("registry", "stream", "archive")
+# the transports' siblings (transport.TRANSPORTS); archive is podman's own --export / --import path
+# with an agent-to-agent copy (a baseline)
+TRANSPORTS = tuple(transport.TRANSPORTS)
 COMPRESSIONS = ("none", "gzip", "zstd")
 
 
