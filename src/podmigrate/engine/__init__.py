@@ -1,5 +1,7 @@
-"""The migration engine: a controller that runs one migration as a persisted state machine.
+"""The migration engine: one migration as a persisted state machine, in the lab and on Kubernetes.
 
-``record`` stores migration records (SQLite in the lab); ``blackout`` turns probe logs into the
-blackout figure; ``controller`` holds the phases, their rollbacks and crash recovery.
+Start at ``plans`` (the table of which phases each kind of migration runs), then ``runner`` (how
+they run, undo and resume); ``phases`` holds the lab's phases and ``controller`` the lab's entry
+points (``migrate``, ``recover``); ``record`` documents every field of a record; ``summary`` and
+``blackout`` turn measurements into figures; ``gc`` finds what failed runs left.
 """
