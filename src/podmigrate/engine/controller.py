@@ -73,7 +73,7 @@ class LabRunner(Runner[Ctx]):
     def save(self, event: str) -> None:
         if event == "start" and self.ctx.rec["phase"] == PhaseName.VALIDATE:
             return  # a rejected request leaves no record behind
-        self.ctx.store.save(self.ctx.rec)
+        super().save(event)
 
     def started(self, phase: Phase[Ctx], entry: PhaseEntry) -> None:
         if phase.name in PROBE_FROM:
@@ -172,7 +172,7 @@ def migrate(lab: LabHandle, plan: Plan, report: Report = lambda _m: None) -> Rec
             )
     ctx = Ctx(lab, store, new_record(plan), report)
     try:
-        runner = LabRunner(ctx, ctx.rec)
+        runner = LabRunner(ctx, ctx.rec, store)
         rec = ctx.rec
         runner.run()
         if rec["status"] == "completed":
@@ -206,7 +206,7 @@ def recover(lab: LabHandle, store: Store, report: Report = lambda _m: None) -> l
         report(f"recovering migration {rec['id']} left in phase {rec['phase']} by a dead controller")
         ctx = Ctx(lab, store, rec, report)
         try:
-            LabRunner(ctx, rec).resume()
+            LabRunner(ctx, rec, store).resume()
             rec["recovered_at"] = time.time()
             store.save(rec)
             done.append(rec)

@@ -183,9 +183,10 @@ Records = list[Record]
 
 
 class RecordStore(Protocol):
-    """Where a controller keeps its records: SQLite in the lab, the resource's status on Kubernetes."""
+    """Where a controller keeps its records: SQLite in the lab (``Store``), the resource's status on
+    Kubernetes (``k8s.context.StatusStore``, which also writes ``status``: the public fields)."""
 
-    def save(self, rec: Any) -> None: ...
+    def save(self, rec: Any, **status: Any) -> None: ...
 
 
 class Store:
@@ -205,7 +206,8 @@ class Store:
         db.execute("PRAGMA journal_mode=WAL")
         return db
 
-    def save(self, rec: Record) -> None:
+    def save(self, rec: Record, **status: Any) -> None:
+        """Insert or replace ``rec``; ``status`` is for stores that show more than the record (none here)."""
         rec["updated"] = time.time()
         with self._db() as db:
             db.execute(

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from podmigrate.engine.plans import PhaseName, Resume, Row
-from podmigrate.engine.record import PhaseEntry, Rollback, RunRecord
+from podmigrate.engine.record import PhaseEntry, RecordStore, Rollback, RunRecord
 from podmigrate.errors import PodmigrateError
 
 C = TypeVar("C")
@@ -49,9 +49,10 @@ def as_error(e: BaseException) -> PodmigrateError:
 class Runner(Generic[C]):
     """Runs, rolls back and resumes one migration; subclasses say where and how it shows."""
 
-    def __init__(self, ctx: C, rec: RunRecord):
+    def __init__(self, ctx: C, rec: RunRecord, store: RecordStore):
         self.ctx = ctx
         self.rec = rec
+        self.store = store
         self.error: BaseException | None = None  # the failure that stopped the last run, as raised
         rec.setdefault("status", "running")
         rec.setdefault("phases", [])
@@ -66,8 +67,12 @@ class Runner(Generic[C]):
         raise NotImplementedError
 
     def save(self, event: str) -> None:
-        """Persist the record; ``event``: start, end (of ``rec['phase']``), undo, outcome."""
-        raise NotImplementedError
+        """Persist the record at ``event``: start, end (of ``rec['phase']``), undo, outcome."""
+        self.store.save(self.rec, **self.status(event))
+
+    def status(self, event: str) -> dict[str, Any]:
+        """What the store shows beside the record at ``event`` (Kubernetes: the public status)."""
+        return {}
 
     def before(self, phase: Phase[C]) -> None:
         """Called just before a phase starts (a cancelled migration raises here)."""

@@ -50,6 +50,18 @@ class Cancelled(PodmigrateError):
 
 
 @dataclass
+class StatusStore:
+    """The runner's ``RecordStore`` on Kubernetes: the resource's status, record and public fields in one patch."""
+
+    api: k.KubeAPI
+    ns: str
+    name: str
+
+    def save(self, rec: K8sRecord, **status: Any) -> None:
+        self.api.patch(k.migrations(self.ns, self.name, status=True), {"status": {"record": rec, **status}})
+
+
+@dataclass
 class Ctx:
     api: k.KubeAPI
     agents: Agents
@@ -61,10 +73,13 @@ class Ctx:
     event: Event
     on_phase: Callable[[str, float], None] = lambda _p, _s: None
 
+    @property
+    def store(self) -> StatusStore:
+        return StatusStore(self.api, self.ns, self.name)
+
     def save(self, **public: Any) -> None:
         """Write the record and the public status fields in one status patch."""
-        status = {"record": self.rec, **public}
-        self.api.patch(k.migrations(self.ns, self.name, status=True), {"status": status})
+        self.store.save(self.rec, **public)
 
     def plm(self) -> dict[str, Any] | None:
         return self.api.get(k.migrations(self.ns, self.name))

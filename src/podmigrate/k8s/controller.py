@@ -20,6 +20,7 @@ import socket
 import time
 from collections.abc import Mapping
 from datetime import UTC, datetime
+from typing import Any
 
 from podmigrate.engine import plans
 from podmigrate.engine.plans import PhaseName
@@ -80,26 +81,31 @@ class K8sRunner(Runner[Ctx]):
     def implementations(self) -> Mapping[PhaseName, Phase[Ctx]]:
         return PHASES
 
-    def save(self, event: str) -> None:
-        ctx, rec = self.ctx, self.ctx.rec
+    def status(self, event: str) -> dict[str, Any]:
+        rec = self.ctx.rec
         name = rec.get("phase") or "validate"
         if event == "start":
             running = f"{name} running"
-            ctx.save(
-                phase=PUBLIC_PHASE[name],
-                message=running,
-                conditions=[_condition("Progressing", True, name.capitalize(), running)],
-            )
-        elif event == "end":
-            ctx.save(
-                phase=PUBLIC_PHASE[name],
-                sourceNode=rec.get("source"),
-                targetNode=rec.get("target"),
-                phaseTimings=_timings(rec),
-            )
-        else:  # the object may be gone (a cancelled migration); the undo itself matters more
-            with contextlib.suppress(PodmigrateError):
-                ctx.save()
+            return {
+                "phase": PUBLIC_PHASE[name],
+                "message": running,
+                "conditions": [_condition("Progressing", True, name.capitalize(), running)],
+            }
+        if event == "end":
+            return {
+                "phase": PUBLIC_PHASE[name],
+                "sourceNode": rec.get("source"),
+                "targetNode": rec.get("target"),
+                "phaseTimings": _timings(rec),
+            }
+        return {}
+
+    def save(self, event: str) -> None:
+        if event in ("start", "end"):
+            super().save(event)
+            return
+        with contextlib.suppress(PodmigrateError):  # the object may be gone (a cancelled migration);
+            super().save(event)  # the undo itself matters more
 
     def before(self, phase: Phase[Ctx]) -> None:
         if phase.name is not PhaseName.VALIDATE and not self.committed():
@@ -198,7 +204,7 @@ def run(ctx: Ctx, stop_after: str | None = None) -> K8sRecord:
     rec = ctx.rec
     if rec.get("status") in FINISHED:
         return rec
-    runner = K8sRunner(ctx, rec)
+    runner = K8sRunner(ctx, rec, ctx.store)
     if rec["status"] == "rolling_back":  # the operator died while it rolled back: finish that
         ctx.spec = rec.get("spec") or ctx.spec
         runner.rollback()
@@ -227,7 +233,7 @@ def run(ctx: Ctx, stop_after: str | None = None) -> K8sRecord:
 
 def rollback(ctx: Ctx) -> bool:
     """Undo every phase that started, newest first (the resource was deleted while it ran)."""
-    return K8sRunner(ctx, ctx.rec).rollback()
+    return K8sRunner(ctx, ctx.rec, ctx.store).rollback()
 
 
 def _unlock(ctx: Ctx) -> None:
