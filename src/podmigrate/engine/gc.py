@@ -24,7 +24,7 @@ def collect(lab: LabHandle, dry_run: bool = False, report: Report = lambda _m: N
     store = store_for(lab)
     if not dry_run:
         recover(lab, store, report)
-    active = {r["id"] for r in store.list(status="running")}
+    active = {r["id"] for r in store.active()}
     found: dict[str, list[str]] = {"archives": [], "images": [], "containers": [], "routes": []}
     inv = manage.inventory(lab)
     running = {c["name"]: n for n, cs in inv.items() for c in cs if c["state"] == "running"}
