@@ -30,6 +30,7 @@ from podmigrate import layout
 from podmigrate.agent.http import App
 from podmigrate.client import AgentClient
 from podmigrate.errors import PodmigrateError, RuntimeBackendError, UsageError
+from podmigrate.lab.handle import LabHandle
 
 TOKEN = "fake-token"
 CAPABILITIES = {
@@ -429,3 +430,7 @@ class FakeLab:
 
     def require_up(self) -> None:
         pass
+
+
+def _conforms(lab: FakeLab) -> LabHandle:
+    return lab  # mypy: the fake is a LabHandle like lab.cluster.Lab
