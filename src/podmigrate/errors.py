@@ -8,6 +8,7 @@ Every error says what failed and what to do next (``hint``)::
     │   └── PreflightError  the machine lacks something the lab needs
     ├── AgentError          a node agent is unreachable or refused a request
     ├── RuntimeBackendError Podman or CRIU failed (with their output and the CRIU log tail)
+    │   └── CRIError        a CRI runtime (containerd) refused or failed an RPC (cri.client)
     ├── TransportError      moving checkpoint bytes failed (registry, digest mismatch)
     ├── RoutingError        switching the service address failed
     └── MigrationFailed     a migration stopped; ``record`` says where and what was rolled back
@@ -64,6 +65,14 @@ class RuntimeBackendError(PodmigrateError):
     """The container runtime (Podman, runc, CRIU) failed."""
 
 
+class CRIError(RuntimeBackendError):
+    """A CRI call failed: ``details`` has ``rpc``, ``code`` (the gRPC status name) and ``socket``."""
+
+    @property
+    def code(self) -> str:
+        return str(self.details.get("code", ""))
+
+
 class TransportError(PodmigrateError):
     """Checkpoint bytes could not be moved, or arrived different from what was sent."""
 
@@ -85,6 +94,7 @@ _KINDS: dict[str, type[PodmigrateError]] = {
         PreflightError,
         AgentError,
         RuntimeBackendError,
+        CRIError,
         TransportError,
         RoutingError,
         MigrationFailed,
