@@ -37,15 +37,22 @@ def lab() -> None:
     help="How service addresses are switched: a /32 route (the default), or an nftables map that can "
     "drain open connections. Given on a running lab, it switches without a gap.",
 )
+@click.option(
+    "--runtime",
+    type=click.Choice(["podman", "containerd"]),
+    default="podman",
+    show_default=True,
+    help="Podman alone, or containerd 2.1 as well on every node, with its CRI socket (the Kubernetes path).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def lab_up(ctx: click.Context, nodes: int, router: str | None, as_json: bool) -> None:
+def lab_up(ctx: click.Context, nodes: int, router: str | None, runtime: str, as_json: bool) -> None:
     """Build the node image if needed and start the lab (idempotent)."""
     from podmigrate.workload.image import ready_lab
 
     the_lab = get_lab(ctx)
     with status(f"Lab {the_lab.name!r} up") as report:
-        st = ready_lab(the_lab, nodes=nodes, report=report, router=router)
+        st = ready_lab(the_lab, nodes=nodes, report=report, router=router, runtime=runtime)
     emit(st, as_json, render_status)
 
 

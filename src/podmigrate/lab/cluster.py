@@ -128,9 +128,11 @@ class Lab:
         return subprocess.call(cmd, preexec_fn=join(cg))
 
     # ------------------------------------------------------------------ up, down (lifecycle)
-    def up(self, nodes: int = 2, report: Report = lambda _m: None, router: str | None = None) -> dict[str, Any]:
+    def up(
+        self, nodes: int = 2, report: Report = lambda _m: None, router: str | None = None, runtime: str = "podman"
+    ) -> dict[str, Any]:
         """Build the node image if needed and start the lab (idempotent); its status."""
-        return lifecycle.up(self, nodes, report, router)
+        return lifecycle.up(self, nodes, report, router, runtime)
 
     def down(self, report: Report = lambda _m: None) -> None:
         """Stop every process of the lab and remove everything it created."""
@@ -166,7 +168,7 @@ class Lab:
         if pid is None:
             return out
         cfg = self.config()
-        out.update(pid=pid, registry=f"http://{layout.REGISTRY}", nodes=[])
+        out.update(pid=pid, registry=f"http://{layout.REGISTRY}", runtime=cfg.get("runtime", "podman"), nodes=[])
         lan = self.agent("lan", timeout=5)
         try:
             out["lan"] = {

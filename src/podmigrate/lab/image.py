@@ -16,6 +16,7 @@ from pathlib import Path
 
 from podmigrate import layout
 from podmigrate.errors import LabError, PreflightError
+from podmigrate.lab import containerd
 from podmigrate.lab.host import Report
 
 SUITE = "trixie"
@@ -46,9 +47,13 @@ PACKAGES = [
     "uidmap",
     "fuse-overlayfs",
     "busybox-static",
+    "checkpointctl",  # reads Podman's and containerd's checkpoint archives
 ]
-CRIU_PACKAGES = [f"criu/{CRIU_SUITE}", f"libcriu2/{CRIU_SUITE}", f"libcompel1/{CRIU_SUITE}"]
+# containerd 2.1 from sid too (trixie has 1.7): CRI restore exists from 2.1 to 2.3 (removed in 2.4); it
+# depends only on runc and libc, so trixie's stay
+CRIU_PACKAGES = [f"criu/{CRIU_SUITE}", f"libcriu2/{CRIU_SUITE}", f"libcompel1/{CRIU_SUITE}", f"containerd/{CRIU_SUITE}"]
 MIN_CRIU = (4, 2)
+CONTAINERD_RANGE = ((2, 1), (2, 4))
 
 CONTAINERS_CONF = """\
 [containers]
@@ -125,7 +130,7 @@ class NodeImage:
             f"apt-get install -y -q --no-install-recommends {' '.join(PACKAGES)}",
             "apt-install",
         )
-        report(f"installing CRIU from {CRIU_SUITE}")
+        report(f"installing CRIU and containerd from {CRIU_SUITE}")
         self.chroot_script(
             f"apt-get install -y -q --no-install-recommends {' '.join(CRIU_PACKAGES)}; apt-get clean", "apt-criu"
         )
@@ -135,6 +140,12 @@ class NodeImage:
                 f"the node image has CRIU {version}, but {MIN_CRIU} or newer is needed",
                 hint="CRIU < 4.2 cannot dump sockets on kernels >= 6.16",
             )
+        have = self.containerd_version()
+        if not CONTAINERD_RANGE[0] <= have[:2] < CONTAINERD_RANGE[1]:
+            raise PreflightError(
+                f"the node image has containerd {have}; 2.1 to 2.3 is needed",
+                hint="containerd 2.4 removed restore through CRI CreateContainer",
+            )
         self.marker.write_text(spec_hash())
 
     def criu_version(self) -> tuple[int, ...]:
@@ -143,6 +154,14 @@ class NodeImage:
             if line.startswith("Version:"):
                 return tuple(int(x) for x in line.split()[1].split(".")[:2])
         return (0,)
+
+    def containerd_version(self) -> tuple[int, ...]:
+        p = subprocess.run(["chroot", str(self.root), "containerd", "--version"], capture_output=True, text=True)
+        words = p.stdout.split()  # containerd github.com/containerd/containerd/v2 2.1.9+unknown
+        try:
+            return tuple(int(x) for x in words[2].split("+")[0].split(".")[:3])
+        except (IndexError, ValueError):
+            return (0,)
 
     def configure(self) -> None:
         """Write the runtime configuration and the mount points the lab needs (idempotent)."""
@@ -163,3 +182,4 @@ class NodeImage:
             (r / f).unlink(missing_ok=True)
         (r / "etc/containers/containers.conf").write_text(CONTAINERS_CONF)
         (r / "etc/containers/registries.conf.d/50-podmigrate.conf").write_text(REGISTRIES_CONF)
+        containerd.install_wrapper(r)

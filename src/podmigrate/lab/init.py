@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from podmigrate import layout
+from podmigrate.lab import containerd
 
 STATE = Path(layout.IN_LAB_STATE)
 ENV = {
@@ -144,6 +145,57 @@ def agent_argv(role: str, name: str, listen_ip: str) -> list[str]:
     ]
 
 
+def containerd_services(cg: str, nodes: list[str]) -> list[Service]:
+    """Per node: containerd in the node's namespaces, and the registry at localhost:5000."""
+    out = []
+    for n in nodes:
+        holder = (STATE / "pids" / f"holder-{n}.pid").read_text().strip()
+        os.makedirs(f"/sys/fs/cgroup/{cg}/{n}/containerd", exist_ok=True)
+        relay = ["python3", "-m", "podmigrate.lab.containerd", "relay", "5000", layout.REGISTRY]
+        out.append(Service(f"relay-{n}", ["nsenter", f"--net=/run/netns/{n}", *relay]))
+        out.append(
+            Service(
+                f"containerd-{n}",
+                [
+                    "nsenter",
+                    "-t",
+                    holder,
+                    "-m",
+                    "-n",
+                    "-C",
+                    "-r",
+                    "-w",
+                    "--",
+                    "containerd",
+                    "--config",
+                    "/etc/containerd/config.toml",
+                ],
+                cgroup=f"/sys/fs/cgroup/{cg}/{n}/containerd",
+            )
+        )
+    return out
+
+
+def push_pause_image() -> None:
+    """containerd's sandbox image, made here and pushed once into the lab's registry."""
+    layout_dir = STATE / "pause-oci"
+    containerd.pause_layout(layout_dir)
+    tag = containerd.PAUSE_IMAGE.rsplit(":", 1)[1]
+    skopeo = ["skopeo", "copy", "--quiet", "--dest-tls-verify=false"]
+    argv = [
+        "nsenter",
+        "--net=/run/netns/lan",
+        *skopeo,
+        f"oci:{layout_dir}:{tag}",
+        f"docker://{layout.REGISTRY}/pause:{tag}",
+    ]
+    deadline = time.monotonic() + 30
+    while sh(*argv, check=False).returncode:  # the registry may still be starting
+        if time.monotonic() > deadline:
+            sh(*argv)
+        time.sleep(0.2)
+
+
 def wait_files(paths: list[Path], timeout: float, what: str) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -210,9 +262,14 @@ def lab_main() -> None:
                 cgroup=f"/sys/fs/cgroup/{cg}/{n}/init",
             )
         )
+    if cfg.get("runtime") == "containerd":
+        services += containerd_services(cg, nodes)
     for s in services[len(nodes) + 1 :]:
         s.start()
     wait_files([STATE / "agents" / f"{n}.sock" for n in ["lan", *nodes]], 60, "agents")
+    if cfg.get("runtime") == "containerd":
+        push_pause_image()
+        wait_files([Path(containerd.socket_path(n)) for n in nodes], 60, "containerd's CRI sockets")
     (STATE / "ready").write_text(str(os.getpid()))
     log("lab ready")
     stop = False
@@ -258,6 +315,8 @@ def node_main(name: str) -> None:
         os.makedirs(target, exist_ok=True)
         sh("mount", "--bind", str(base / sub), target)
     os.chmod(layout.NODE_CHECKPOINTS, 0o700)  # checkpoints hold process memory: secrets
+    if config().get("runtime") == "containerd":
+        containerd.prepare_node(base, name, lambda src, dst: sh("mount", "--bind", src, dst))
     if sh("podman", "network", "exists", layout.WORKLOAD_NETWORK, check=False).returncode:
         sh(
             "podman",

@@ -61,7 +61,12 @@ http:
 """
 
 
-def up(lab: Lab, nodes: int, report: Report, router: str | None) -> dict[str, Any]:
+RUNTIMES = ("podman", "containerd")
+
+
+def up(lab: Lab, nodes: int, report: Report, router: str | None, runtime: str = "podman") -> dict[str, Any]:
+    if runtime not in RUNTIMES:
+        raise UsageError(f"unknown runtime {runtime!r}", hint=f"runtimes: {', '.join(RUNTIMES)}")
     names = layout.node_names(nodes)
     notes = preflight.check_host(lab.base)
     for n in notes:
@@ -73,6 +78,11 @@ def up(lab: Lab, nodes: int, report: Report, router: str | None) -> dict[str, An
                 f"lab {lab.name!r} is already up with {len(have)} nodes, not {nodes}",
                 hint="run `podmigrate lab down` first to change the node count",
             )
+        if lab.config().get("runtime", "podman") != runtime:
+            raise UsageError(
+                f"lab {lab.name!r} is already up with runtime {lab.config().get('runtime', 'podman')}, not {runtime}",
+                hint="run `podmigrate lab down` first to change the runtime",
+            )
         report(f"lab {lab.name!r} is already up")
     else:
         if lab.dir.exists() or lab.cgroup.exists():
@@ -81,7 +91,7 @@ def up(lab: Lab, nodes: int, report: Report, router: str | None) -> dict[str, An
         if not lab.image.ready():
             lab.image.build(report)
         lab.image.configure()
-        start(lab, names, report)
+        start(lab, names, report, runtime)
         report("checking CRIU against this kernel (criu check on node-a)")
         check = lab.run(names[0], ["criu", "check"], check=False)
         if check.returncode:
@@ -96,7 +106,7 @@ def up(lab: Lab, nodes: int, report: Report, router: str | None) -> dict[str, An
     return lab.status()
 
 
-def start(lab: Lab, names: list[str], report: Report) -> None:
+def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -> None:
     report(f"starting lab {lab.name!r} with nodes {', '.join(names)}")
     lab.dir.mkdir(parents=True, exist_ok=True)
     # CRIU's lazy-pages daemon needs 4 MiB pipes and has no CAP_SYS_RESOURCE here; the old value is
@@ -120,6 +130,7 @@ def start(lab: Lab, names: list[str], report: Report) -> None:
             {
                 "name": lab.name,
                 "nodes": names,
+                "runtime": runtime,  # podman alone, or containerd (with its CRI socket) beside it
                 "cgroup": layout.cgroup_name(lab.name),
                 "created": time.time(),
                 "version": podmigrate.__version__,

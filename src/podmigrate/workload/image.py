@@ -43,9 +43,11 @@ def workload_image() -> str:
 _loaded: set[tuple[Path, int | None, str]] = set()
 
 
-def ready_lab(lab: Lab, nodes: int = 2, report: Report = lambda _m: None, router: str | None = None) -> dict[str, Any]:
+def ready_lab(
+    lab: Lab, nodes: int = 2, report: Report = lambda _m: None, router: str | None = None, runtime: str = "podman"
+) -> dict[str, Any]:
     """``lab.up``, then the workload image into its registry: a lab ready to start workloads; its status."""
-    st = lab.up(nodes=nodes, report=report, router=router)
+    st = lab.up(nodes=nodes, report=report, router=router, runtime=runtime)
     ensure_workload_image(lab, report)
     return st
 
