@@ -12,7 +12,7 @@ from podmigrate import layout
 from podmigrate.engine import controller, phases, plans
 from podmigrate.engine.controller import Plan, migrate, recover, store_for
 from podmigrate.errors import MigrationFailed, UsageError
-from tests.fake_lab import CAPABILITIES, ControllerDied, FakeLab, World
+from tests.fake_lab import CAPABILITIES, ControllerDied, FakeLab
 
 # (mode, transport) of every lab container row of the plan table
 ROWS = [(m, t) for (s, m, t) in plans.PLANS if s == "container"]
@@ -49,8 +49,8 @@ def started(lab: FakeLab) -> dict[str, Any]:
     return {"ip": c.ip, "heap": c.heap, "started": c.started, "counter": c.counter}
 
 
-def node_of(world: World, role: str) -> str:
-    return {"source": "node-a", "target": "node-b", "lan": "lan"}[role]
+# which agent a role names in these tests (node-a is always the source)
+AGENT = {"source": "node-a", "target": "node-b", "lan": "lan"}
 
 
 def assert_serves_on(lab: FakeLab, node: str, before: dict[str, Any], same_process: bool = True) -> None:
@@ -95,7 +95,7 @@ FAILURES = [
 def test_a_failure_in_any_phase_before_the_commit_rolls_back_to_the_source(lab, mode, transport, phase):
     before = started(lab)
     role, method, path, skip = CALLS[phase]
-    lab.world.fail(node_of(lab.world, role), method, path, message=f"{phase} broke", skip=skip)
+    lab.world.fail(AGENT[role], method, path, message=f"{phase} broke", skip=skip)
     with pytest.raises(
         MigrationFailed, match=f"failed in phase {phase}: {phase} broke; rolled back, it runs on node-a"
     ):
@@ -125,7 +125,7 @@ def test_a_controller_that_dies_in_any_phase_is_rolled_back_or_finished_by_the_n
 ):
     before = started(lab)
     role, method, path, skip = CALLS[phase]
-    lab.world.fail(node_of(lab.world, role), method, path, kind="die", skip=skip)
+    lab.world.fail(AGENT[role], method, path, kind="die", skip=skip)
     with pytest.raises(ControllerDied):
         migrate(lab, Plan(workload="web", target="node-b", mode=mode, transport=transport))
     (left,) = store_for(lab).active()
