@@ -13,6 +13,10 @@ image is the checkpoint image. Routes (all need ``Authorization: Bearer <token>`
     POST /v1/images/delete              {references} -> registry tags deleted
     POST /v1/archives/delete            {checkpoint_id, containers} -> that migration's archives deleted
     POST /v1/gc                         {older_than_s} -> stale archives deleted
+    POST /v1/restores                   {checkpoint_id, images: {container: {reference, digest}}} ->
+                                        each image pulled, its manifest and layer digests checked, unpacked
+                                        for the podmigrate RuntimeClass (``k8s.restores``); node paths
+    POST /v1/restores/delete            {checkpoint_id} -> that migration's unpacked checkpoints deleted
 
 Run: ``python -m podmigrate.k8s.agent --node $NODE_NAME --kubelet https://$HOST_IP:10250 --listen
 0.0.0.0:7070`` with the token in ``$PODMIGRATE_AGENT_TOKEN`` (or ``--token-file``).
@@ -34,13 +38,20 @@ from typing import Any
 from podmigrate.agent.http import App, make_handler
 from podmigrate.errors import UsageError
 from podmigrate.k8s.kubelet import CHECKPOINT_DIR, KubeletClient
+from podmigrate.k8s.restores import Restores
 from podmigrate.transport import registry
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
-def build_app(name: str, token: str, kubelet: KubeletClient, checkpoint_dir: Path = CHECKPOINT_DIR) -> App:
+def build_app(
+    name: str,
+    token: str,
+    kubelet: KubeletClient,
+    checkpoint_dir: Path = CHECKPOINT_DIR,
+    restores: Restores | None = None,
+) -> App:
     app = App(name, "k8s-node", token)
     lock = threading.Lock()  # one kubelet checkpoint at a time: CRIU freezes are best not overlapped
 
@@ -58,6 +69,7 @@ def build_app(name: str, token: str, kubelet: KubeletClient, checkpoint_dir: Pat
             "checkpoint_dir": str(checkpoint_dir),
             "disk_free_bytes": shutil.disk_usage(checkpoint_dir).free if checkpoint_dir.exists() else None,
             "archives": [{"path": str(a), "bytes": a.stat().st_size, "mtime": a.stat().st_mtime} for a in archives],
+            "restore_handler": restores.handler if restores else None,
         }
 
     def ours(cid: str, container: str) -> Path:
@@ -136,6 +148,8 @@ def build_app(name: str, token: str, kubelet: KubeletClient, checkpoint_dir: Pat
                 gone.append(str(a))
         return {"deleted": gone}
 
+    if restores is not None:
+        restores.routes(app)
     return app
 
 
@@ -167,6 +181,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kubelet-insecure-tls", action="store_true", help="do not verify the kubelet's certificate")
     ap.add_argument("--kubelet-token-file", default=str(SA_TOKEN))
     ap.add_argument("--checkpoint-dir", default=str(CHECKPOINT_DIR))
+    ap.add_argument("--restore-dir", help="the podmigrate RuntimeClass's checkpoint directory (enables it)")
     ap.add_argument("--listen", default="0.0.0.0:7070")
     ap.add_argument("--token-file", help="agent API token (default: $PODMIGRATE_AGENT_TOKEN)")
     args = ap.parse_args(argv)
@@ -174,7 +189,8 @@ def main(argv: list[str] | None = None) -> None:
     if not token or not args.node:
         sys.exit("podmigrate-k8s-agent: needs --node (or $NODE_NAME) and a token ($PODMIGRATE_AGENT_TOKEN)")
     kubelet = KubeletClient(args.kubelet, Path(args.kubelet_token_file), args.kubelet_ca, args.kubelet_insecure_tls)
-    server = serve(build_app(args.node, token, kubelet, Path(args.checkpoint_dir)), args.listen)
+    restores = Restores(Path(args.restore_dir), Path(args.restore_dir)) if args.restore_dir else None
+    server = serve(build_app(args.node, token, kubelet, Path(args.checkpoint_dir), restores), args.listen)
     print(f"podmigrate node agent {args.node} on {args.listen}, kubelet {args.kubelet}", flush=True)
     server.serve_forever()
 

@@ -51,7 +51,15 @@ class Agents:
             details={"node": node},
         )
 
+    def info(self, node: str) -> dict[str, Any]:
+        """The agent's ``GET /v1/info``: its checkpoint directory, archives, restore handler."""
+        out: dict[str, Any] = self._client(node, 900.0).get("/v1/info")
+        return out
+
     def call(self, node: str, path: str, body: dict[str, Any], timeout: float = 900.0) -> Any:
+        return self._client(node, timeout).post(path, body)
+
+    def _client(self, node: str, timeout: float) -> AgentClient:
         url = self.url(node)
         if url not in self.clients:
             self.clients[url] = AgentClient(
@@ -62,7 +70,7 @@ class Agents:
                 base_url=url,
                 unreachable_hint="is the agent pod running? kubectl -n podmigrate-system get pods -o wide",
             )
-        return self.clients[url].post(path, body)
+        return self.clients[url]
 
     def close(self) -> None:
         for c in self.clients.values():

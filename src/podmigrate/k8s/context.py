@@ -40,6 +40,8 @@ class K8sRecord(RunRecord, total=False):
     images: dict[str, str]  # container -> pushed checkpoint image
     digests: dict[str, str]  # container -> manifest digest
     bytes: int  # pushed
+    restore_path: str  # cri (the runtime restores the image) or runtimeclass (k8s.runtimes)
+    restore_dirs: dict[str, str]  # runtimeclass: container -> the verified checkpoint on the target node
     cutover_at: float
     blackout_s: float
     drift_s: float

@@ -131,7 +131,7 @@ class K8sRunner(Runner[Ctx]):
         rec["error"] = PodmigrateError(str(e), hint=getattr(e, "hint", None)).to_wire()
         rec["status"] = "failed"
         _unlock(self.ctx)
-        self.outcome("InvalidSpec", str(e))
+        self.outcome(e.reason, str(e))
 
     def past_commit(self, phase: Phase[Ctx], err: PodmigrateError) -> bool:
         return True  # the copy serves: finish forward, the failure is a warning
@@ -187,6 +187,7 @@ class K8sRunner(Runner[Ctx]):
             message=msg,
             restoredPod={"name": rec["restored"], "node": rec["target"]},
             checkpointImages=rec.get("images") or {},
+            restorePath=rec.get("restore_path"),
             phaseTimings=_timings(rec),
             blackoutSeconds=round(blackout, 3),
             driftSeconds=round(drift, 3),

@@ -75,6 +75,15 @@ SPEC_SCHEMA: dict[str, Any] = {
             "restores from an image (stream and lazy need the lab backend).",
         },
         "compression": {"type": "string", "enum": ["none", "gzip", "zstd"], "default": "none"},
+        "restorePath": {
+            "type": "string",
+            "enum": ["auto", "cri", "runtimeclass"],
+            "default": "auto",
+            "description": "How the target restores: cri (the runtime restores the checkpoint image: "
+            "containerd 2.1-2.3, CRI-O with restore on), runtimeclass (the node agent verifies the image and "
+            "the podmigrate RuntimeClass restores it: any runc-based runtime), auto: cri where the runtime "
+            "has it, else runtimeclass. status.restorePath says which was taken.",
+        },
         "registry": {
             "type": "string",
             "maxLength": 255,
@@ -114,6 +123,7 @@ STATUS_SCHEMA: dict[str, Any] = {
             "properties": {"name": {"type": "string"}, "node": {"type": "string"}},
         },
         "checkpointImages": {"type": "object", "additionalProperties": {"type": "string"}},
+        "restorePath": {"type": "string", "enum": ["cri", "runtimeclass"]},
         "phaseTimings": {
             "type": "object",
             "additionalProperties": _SECONDS,
@@ -217,9 +227,10 @@ def _with_defaults(schema: dict[str, Any], value: Any) -> Any:
 class SpecError(ValueError):
     """A PodLiveMigration spec that cannot run; the message says which field and what to do."""
 
-    def __init__(self, message: str, hint: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, reason: str = "InvalidSpec"):
         super().__init__(message)
         self.hint = hint
+        self.reason = reason  # the status's reason: InvalidSpec, or what else made the spec unrunnable
 
 
 def validate_spec(spec: Any) -> dict[str, Any]:

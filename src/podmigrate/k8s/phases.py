@@ -20,7 +20,11 @@ from podmigrate.errors import PodmigrateError
 from podmigrate.k8s import api as k
 from podmigrate.k8s.context import INSTANCE, Ctx
 from podmigrate.k8s.pods import pod_copy, wait_gone, wait_ready
+from podmigrate.k8s.runtimes import RUNTIME_CLASS
 from podmigrate.k8s.validate import validate
+
+RESTORE = "io.podmigrate.restore"  # runtime.runc_restore reads these (pod annotations reach its spec)
+RESTORE_FROM = "io.podmigrate.restore-from"
 
 
 def set_selectors(ctx: Ctx, instance: str | None) -> None:
@@ -150,15 +154,43 @@ def restore(ctx: Ctx) -> None:
         ctx.api.patch(k.pods(ctx.ns, src), {"metadata": {"labels": {INSTANCE: src}}})
         set_selectors(ctx, src)
     if ctx.api.get(k.pods(ctx.ns, rec["restored"])) is None:  # resumed: it may exist already
-        images = rec.get("images") or {}
-        ctx.api.create(k.pods(ctx.ns), pod_copy(rec["source_pod"], rec["restored"], rec["target"], images, ctx.name))
+        ctx.api.create(k.pods(ctx.ns), _copy(ctx))
     wait_ready(ctx, rec["restored"], ctx.spec["timeouts"]["restoreSeconds"])
+
+
+def _copy(ctx: Ctx) -> dict[str, Any]:
+    """The restored pod. cri: its checkpointed containers run their checkpoint images, by digest (a tag
+    can be moved; the digest is what the source pushed). runtimeclass: its original images, the
+    podmigrate RuntimeClass and, per container, the directory the target's agent verified."""
+    rec = ctx.rec
+    refs, digests = rec.get("images") or {}, rec.get("digests") or {}
+    if rec.get("restore_path") != "runtimeclass":
+        images = {c: f"{ref.rsplit(':', 1)[0]}@{digests[c]}" if c in digests else ref for c, ref in refs.items()}
+        return pod_copy(rec["source_pod"], rec["restored"], rec["target"], images, ctx.name)
+    if refs:
+        body = {
+            "checkpoint_id": rec["id"],
+            "images": {c: {"reference": r, "digest": digests[c]} for c, r in refs.items()},
+        }
+        out = ctx.agents.call(rec["target"], "/v1/restores", body)
+        rec["restore_dirs"] = {c: r["path"] for c, r in out["restores"].items()}
+        ctx.save()
+    pod = pod_copy(rec["source_pod"], rec["restored"], rec["target"], {}, ctx.name)
+    pod["spec"]["runtimeClassName"] = RUNTIME_CLASS
+    ann = pod["metadata"]["annotations"]
+    ann[RESTORE] = ",".join(sorted(rec.get("restore_dirs") or {}))
+    for c, path in (rec.get("restore_dirs") or {}).items():
+        ann[f"{RESTORE_FROM}.{c}"] = path
+    return pod
 
 
 def undo_restore(ctx: Ctx) -> str:
     gone = ctx.api.delete(k.pods(ctx.ns, str(ctx.rec["restored"])))
     if "isolated_at" not in ctx.rec:
         set_selectors(ctx, None)
+    if ctx.rec.get("restore_path") == "runtimeclass":
+        wait_gone(ctx, str(ctx.rec["restored"]))
+        ctx.agents.call(ctx.rec["target"], "/v1/restores/delete", {"checkpoint_id": ctx.rec["id"]})
     return f"deleted pod {ctx.rec['restored']}" if gone else f"pod {ctx.rec['restored']} was not there"
 
 
@@ -179,6 +211,11 @@ def cleanup(ctx: Ctx) -> None:
     if rec.get("references"):
         steps.append(("delete checkpoint images", lambda: delete_images(ctx)))
         steps.append(("delete archives", lambda: undo_checkpoint(ctx)))
+    if rec.get("restore_dirs"):  # the restored process runs from memory; a restart starts fresh anyway
+        body = {"checkpoint_id": rec["id"]}
+        steps.append(
+            ("delete unpacked checkpoints", lambda: ctx.agents.call(rec["target"], "/v1/restores/delete", body))
+        )
     for what, fn in steps:
         try:
             fn()

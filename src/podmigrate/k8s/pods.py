@@ -14,7 +14,14 @@ from podmigrate.k8s import api as k
 from podmigrate.k8s.context import INSTANCE, Ctx
 
 # pod states from which a restore will not recover by waiting
-FATAL_WAITING = ("ErrImagePull", "ImagePullBackOff", "CreateContainerError", "CrashLoopBackOff", "InvalidImageName")
+FATAL_WAITING = (
+    "ErrImagePull",
+    "ImagePullBackOff",
+    "CreateContainerError",
+    "RunContainerError",  # containerd restores in StartContainer: a failed restore ends there
+    "CrashLoopBackOff",
+    "InvalidImageName",
+)
 
 
 def pod_copy(src: dict[str, Any], name: str, node: str, images: dict[str, str], migration: str = "") -> dict[str, Any]:

@@ -10,7 +10,9 @@ import secrets
 import time
 from typing import Any
 
+from podmigrate.errors import PodmigrateError
 from podmigrate.k8s import api as k
+from podmigrate.k8s import runtimes
 from podmigrate.k8s.context import LOCK, Ctx
 from podmigrate.k8s.crd import SpecError, short_name
 
@@ -51,6 +53,8 @@ def validate(ctx: Ctx) -> None:
     rec["source"] = source
     rec.setdefault("target", _pick_target(ctx, source, pod))
     rec["containers"] = wanted
+    if spec["mode"] != "cold":
+        rec["restore_path"] = _restore_path(ctx, rec["target"])
     rec["source_pod"] = _clean_copy(pod, ctx.ns)
     rec.setdefault("id", f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
     rec["restored"] = f"{short_name(spec['podName'])}-m{rec['id'][-6:]}"
@@ -62,6 +66,28 @@ def validate(ctx: Ctx) -> None:
     _warn_volumes(ctx, pod)
     rec["spec"] = spec  # from here on the spec the migration started with, whatever edits come later
     ctx.api.patch(k.pods(ctx.ns, spec["podName"]), {"metadata": {"annotations": {LOCK: ctx.name}}})
+
+
+def _restore_path(ctx: Ctx, target: str) -> str:
+    """cri or runtimeclass, as ``k8s.runtimes`` decides from what the target node reports."""
+    node = ctx.api.get(k.nodes(target)) or {}
+    rc = ctx.api.get(f"/apis/node.k8s.io/v1/runtimeclasses/{runtimes.RUNTIME_CLASS}")
+    served = False
+    if rc is not None:
+        try:
+            served = ctx.agents.info(target).get("restore_handler") == rc.get("handler")
+        except PodmigrateError:
+            served = False  # no agent there: the checkpoint phase says so with its own error
+    path, why = runtimes.choose(ctx.spec.get("restorePath", "auto"), node, served)
+    if path is None:
+        raise SpecError(
+            f"node {target!r} cannot restore a checkpoint: {why}",
+            hint="install the podmigrate RuntimeClass on that node (deploy/kubernetes), pick another "
+            "targetNode, or use mode: cold",
+            reason="UnsupportedRuntime",
+        )
+    ctx.event("Normal", "RestorePath", f"restoring on {target} {why}")
+    return path
 
 
 def _warn_volumes(ctx: Ctx, pod: dict[str, Any]) -> None:

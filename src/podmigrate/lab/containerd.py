@@ -36,6 +36,9 @@ from podmigrate import layout
 NODE_REGISTRY = "localhost:5000"  # what containerd on a node pulls from: relayed to layout.REGISTRY
 PAUSE_IMAGE = f"{NODE_REGISTRY}/pause:3.10"
 RUNC_NOCG = "/usr/local/sbin/runc-nocg"
+RESTORE_HANDLER = "podmigrate"  # the CRI runtime handler of the RuntimeClass restore path
+RESTORE_RUNC = "/usr/local/sbin/podmigrate-runc"  # runtime.runc_restore, installed as a script
+RESTORE_DIR = "/var/lib/podmigrate/restore"  # where the node agent unpacks verified checkpoints
 KUBELET_DIR = "/var/lib/kubelet"  # the checkpoints the kubelet asks for go to its checkpoints/ subdirectory
 POD_LOGS = "/var/log/pods"
 
@@ -78,6 +81,15 @@ state = "/run/containerd"
       [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
         BinaryName = "{RUNC_NOCG}"
         SystemdCgroup = false
+    # the restore path that needs no CRI restore (runtime.runc_restore); CRI copies only allow-listed
+    # annotations into the OCI spec, so without these lists the wrapper would never see what to restore
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{RESTORE_HANDLER}]
+      runtime_type = "io.containerd.runc.v2"
+      container_annotations = ["io.podmigrate.*"]
+      pod_annotations = ["io.podmigrate.*"]
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.{RESTORE_HANDLER}.options]
+        BinaryName = "{RESTORE_RUNC}"
+        SystemdCgroup = false
 """
 
 
@@ -101,19 +113,27 @@ def prepare_node(base: Path, node: str, bind: Callable[[str, str], object]) -> N
         ("containerd", "/var/lib/containerd"),
         ("kubelet", KUBELET_DIR),
         ("pod-logs", POD_LOGS),
+        ("podmigrate-restore", RESTORE_DIR),
     ):
         (base / sub).mkdir(parents=True, exist_ok=True)
         os.makedirs(target, exist_ok=True)
         bind(str(base / sub), target)
     os.makedirs(f"{KUBELET_DIR}/checkpoints", mode=0o700, exist_ok=True)  # checkpoints hold process memory
+    os.chmod(RESTORE_DIR, 0o700)
 
 
 def install_wrapper(root: Path) -> None:
-    """Write runc-nocg into the node image (on every ``lab up``: cheap, never forces a rebuild)."""
-    path = root / RUNC_NOCG.lstrip("/")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(RUNC_NOCG_SCRIPT)
-    path.chmod(0o755)
+    """Write runc-nocg and podmigrate-runc into the node image (on every ``lab up``: cheap, never
+    forces a rebuild). In the lab the restore handler's runc is runc-nocg, for the same reason."""
+    restore = (Path(__file__).parents[1] / "runtime" / "runc_restore.py").read_text()
+    for target, text in ((RUNC_NOCG, RUNC_NOCG_SCRIPT), (RESTORE_RUNC, restore)):
+        path = root / target.lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        path.chmod(0o755)
+    conf = root / "etc/podmigrate/runc-restore.json"
+    conf.parent.mkdir(parents=True, exist_ok=True)
+    conf.write_text(json.dumps({"runc": RUNC_NOCG, "restore_dir": RESTORE_DIR}) + "\n")
 
 
 def pause_layout(out: Path, binary: Path = Path("/usr/bin/catatonit")) -> str:
@@ -191,16 +211,26 @@ def _serve(server: socket.socket, upstream: tuple[str, int]) -> None:
             threading.Thread(target=_pipe, args=(a, b), daemon=True).start()
 
 
-def relay(port: int, upstream: str) -> None:
-    """Forward TCP connections to localhost:``port`` (IPv4, and IPv6 where the node has it: Go may
-    resolve localhost to ::1 first) to ``upstream`` (host:port)."""
-    up_host, up_port = upstream.rsplit(":", 1)
+def listen(port: int) -> list[socket.socket]:
+    """Listening sockets on localhost:``port``, IPv4 and IPv6 where there is ::1 (Go may resolve
+    localhost to ::1 first); made in the calling thread's network namespace."""
     servers = [socket.create_server(("127.0.0.1", port))]
     with contextlib.suppress(OSError):  # no IPv6 loopback in this namespace
         servers.append(socket.create_server(("::1", port), family=socket.AF_INET6))
-    for s in servers[1:]:
+    return servers
+
+
+def forward(servers: list[socket.socket], upstream: str) -> None:
+    """Forward the connections to ``servers`` to ``upstream`` (host:port), from daemon threads."""
+    up_host, up_port = upstream.rsplit(":", 1)
+    for s in servers:
         threading.Thread(target=_serve, args=(s, (up_host, int(up_port))), daemon=True).start()
-    _serve(servers[0], (up_host, int(up_port)))
+
+
+def relay(port: int, upstream: str) -> None:
+    """Forward TCP connections to localhost:``port`` to ``upstream`` until killed."""
+    forward(listen(port), upstream)
+    threading.Event().wait()
 
 
 if __name__ == "__main__":  # python3 -m podmigrate.lab.containerd relay PORT UPSTREAM

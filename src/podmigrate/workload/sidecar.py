@@ -33,8 +33,14 @@ def serve(client: socket.socket) -> None:
         client.close()
         return
     upstream.settimeout(None)
-    threading.Thread(target=pipe, args=(client, upstream), daemon=True).start()
+    other = threading.Thread(target=pipe, args=(client, upstream), daemon=True)
+    other.start()
     pipe(upstream, client)
+    other.join()
+    # closed, not only shut down: a finished connection left as an fd is one CRIU must dump as a
+    # connected TCP socket, and a restore without --tcp-established then refuses the whole image
+    client.close()
+    upstream.close()
 
 
 srv = socket.create_server((HOST, int(PORT)), reuse_port=True)

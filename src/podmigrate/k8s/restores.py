@@ -1,0 +1,106 @@
+"""The node agent's side of the RuntimeClass restore path: fetch, verify and unpack a checkpoint image.
+
+The podmigrate RuntimeClass (``runtime.runc_restore`` on the node) restores from a directory, never
+from a registry: the agent pulls each checkpoint image first, checks that the manifest is the one the
+source pushed (its digest, recorded by the operator at package) and that the layer matches its digest
+(``transport.registry.pull_checkpoint``), unpacks ``checkpoint/`` and ``rootfs-diff.tar``, and only
+then writes ``podmigrate-verified.json``, without which the wrapper refuses to restore. A tampered or
+replaced image is refused here, before anything runs. Everything is 0700/0600: it is process memory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tarfile
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from podmigrate.agent.http import App
+from podmigrate.errors import TransportError, UsageError
+from podmigrate.transport import registry
+
+_SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+VERIFIED = "podmigrate-verified.json"  # runtime.runc_restore looks for it
+WANTED = ("checkpoint/", "rootfs-diff.tar")  # what runc restore needs of the archive
+
+
+@dataclass
+class Restores:
+    local: Path  # the restore directory as the agent sees it
+    node: Path  # the same directory as the node's runtime sees it (the wrapper's restore_dir)
+    handler: str = "podmigrate"
+
+    def _dir(self, cid: str, container: str = "") -> tuple[Path, Path]:
+        for part in (cid, container) if container else (cid,):
+            if not _SAFE.match(part) or part in (".", ".."):
+                raise UsageError(f"not a valid checkpoint id or container name: {part!r}")
+        rel = Path(cid) / container if container else Path(cid)
+        return self.local / rel, self.node / rel
+
+    def fetch(self, cid: str, container: str, reference: str, digest: str) -> dict[str, Any]:
+        local, node = self._dir(cid, container)
+        t0 = time.time()
+        if (local / VERIFIED).exists():  # a repeated request (an operator that restarted)
+            got = json.loads((local / VERIFIED).read_text())
+            if got.get("manifest_digest") == digest:
+                return {"path": str(node), "bytes": got.get("bytes", 0), "seconds": 0.0, "repeated": True}
+        shutil.rmtree(local, ignore_errors=True)
+        local.mkdir(mode=0o700, parents=True)
+        with tempfile.TemporaryDirectory(dir=local.parent) as tmp:
+            archive = Path(tmp) / "layer.tar"
+            pulled = registry.pull_checkpoint(reference, archive)
+            if pulled["manifest_digest"] != digest:
+                shutil.rmtree(local, ignore_errors=True)
+                raise TransportError(
+                    f"{reference} is not the checkpoint image that was pushed: manifest {pulled['manifest_digest']}, "
+                    f"expected {digest}; refusing to restore it",
+                    hint="someone replaced the tag in the registry; the migration rolls back, the source keeps serving",
+                )
+            _unpack(archive, local)
+        os.umask(0o077)
+        info = {**{k: pulled[k] for k in ("reference", "manifest_digest", "layer_digest", "bytes")}, "at": time.time()}
+        (local / VERIFIED).write_text(json.dumps(info))
+        return {"path": str(node), "bytes": pulled["bytes"], "seconds": time.time() - t0}
+
+    def delete(self, cid: str) -> bool:
+        local, _ = self._dir(cid)
+        existed = local.exists()
+        shutil.rmtree(local, ignore_errors=True)
+        return existed
+
+    def routes(self, app: App) -> None:
+        @app.route("POST", "/v1/restores")
+        def fetch(p: dict[str, str], b: dict[str, Any]) -> Any:
+            out = {c: self.fetch(b["checkpoint_id"], c, i["reference"], i["digest"]) for c, i in b["images"].items()}
+            return {"restores": out}
+
+        @app.route("POST", "/v1/restores/delete")
+        def delete(p: dict[str, str], b: dict[str, Any]) -> Any:
+            return {"deleted": self.delete(b["checkpoint_id"])}
+
+
+def _unpack(archive: Path, dest: Path) -> None:
+    """The parts of the runtime's archive that runc restore needs, refusing paths that leave ``dest``."""
+    with tarfile.open(archive, "r:*") as t:
+        members = []
+        for m in t.getmembers():
+            name = m.name.lstrip("./") if m.name.startswith("./") else m.name
+            if name.startswith("/") or ".." in Path(name).parts:
+                raise TransportError(f"checkpoint archive member {m.name!r} leaves the archive; refusing it")
+            if m.issym() or m.islnk() or m.isdev():
+                raise TransportError(f"checkpoint archive member {m.name!r} is a link or device; refusing it")
+            if name.startswith(WANTED[0]) or name == WANTED[1] or name == WANTED[0].rstrip("/"):
+                members.append(m)
+        if not any(m.name.endswith("descriptors.json") for m in members):
+            raise TransportError(f"{archive} has no checkpoint/descriptors.json: not a runc checkpoint archive")
+        t.extractall(dest, members=members, filter="data")
+    for root, _dirs, files in os.walk(dest):
+        os.chmod(root, 0o700)
+        for f in files:
+            os.chmod(os.path.join(root, f), 0o600)

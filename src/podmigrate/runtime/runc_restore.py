@@ -1,0 +1,221 @@
+#!/usr/bin/python3
+"""podmigrate-runc: the OCI runtime of the ``podmigrate`` RuntimeClass. runc, except that a container
+the podmigrate node agent has prepared a checkpoint for is restored instead of created fresh.
+
+A restore that works where the runtime's own is gone (containerd 2.4+ removed CRI restore; CRI-O
+ships it off): the kubelet creates the copy as a normal pod with its original images, the runtime
+class ``podmigrate`` and pod annotations (which containerd passes into each container's OCI spec when
+the handler allow-lists them: ``pod_annotations = ["io.podmigrate.*"]``)::
+
+    io.podmigrate.restore                  = "server,sidecar"     the containers to restore
+    io.podmigrate.restore-from.<container> = /var/lib/podmigrate/restore/<migration>/<container>
+    io.podmigrate.tcp-established          = "true"               optional: restore open connections
+
+The directory holds the checkpoint archive unpacked (``checkpoint/`` = CRIU's images, optionally
+``rootfs-diff.tar``) and the agent's ``podmigrate-verified.json``, written only after the image's
+digest was checked. On ``create`` the wrapper applies the root-filesystem diff to the new bundle and
+runs ``runc restore --detach --no-subreaper`` with the shim's stdio (runc maps the checkpoint's pipes
+onto them) and pid file: the same call containerd's shim makes for its own restore. ``start`` of a
+restored container is then a no-op. Everything else goes to runc unchanged.
+
+It fails loudly, never silently fresh: a container named in ``io.podmigrate.restore`` whose
+``restore-from`` is missing, outside the restore directory, or unverified is refused with the reason,
+which reaches the CRI error through runc's ``--log`` file. A container is restored at most once per
+sandbox (a restart after that starts it fresh, as the kubelet expects of a restart).
+
+Standard library only (it runs on the node with the system python3). Configuration (optional):
+``/etc/podmigrate/runc-restore.json`` ``{"runc": "/usr/sbin/runc", "state": "/run/podmigrate-runc",
+"restore_dir": "/var/lib/podmigrate/restore"}``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+CONFIG = Path("/etc/podmigrate/runc-restore.json")
+DEFAULTS = {"runc": "/usr/sbin/runc", "state": "/run/podmigrate-runc", "restore_dir": "/var/lib/podmigrate/restore"}
+GLOBAL_WITH_VALUE = {"--root", "--log", "--log-format", "--criu", "--rootless"}
+CREATE_WITH_VALUE = {"--bundle", "-b", "--pid-file", "--console-socket", "--preserve-fds"}
+PREFIX = "io.podmigrate."
+VERIFIED = "podmigrate-verified.json"
+
+
+class Refused(Exception):
+    """The container cannot be restored; the message says why."""
+
+
+def config() -> dict[str, str]:
+    try:
+        return {**DEFAULTS, **json.loads(CONFIG.read_text())}
+    except FileNotFoundError:
+        return dict(DEFAULTS)
+
+
+def parse(argv: list[str]) -> tuple[list[str], str, dict[str, str | bool], str]:
+    """runc's argv -> (global options, command, the command's options, container id)."""
+    glob: list[str] = []
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        glob.append(argv[i])
+        if argv[i] in GLOBAL_WITH_VALUE and i + 1 < len(argv):
+            glob.append(argv[i + 1])
+            i += 1
+        i += 1
+    if i >= len(argv):
+        return glob, "", {}, ""
+    cmd, rest = argv[i], argv[i + 1 :]
+    opts: dict[str, str | bool] = {}
+    j = 0
+    while j < len(rest) - 1:  # the last argument is the container id
+        a = rest[j]
+        if "=" in a and a.startswith("--"):
+            key, value = a.split("=", 1)
+            opts[key] = value
+        elif a in CREATE_WITH_VALUE:
+            opts[a] = rest[j + 1]
+            j += 1
+        else:
+            opts[a] = True
+        j += 1
+    return glob, cmd, opts, rest[-1] if rest else ""
+
+
+def _log_path(glob: list[str]) -> str | None:
+    for k, v in itertools.pairwise(glob):
+        if k == "--log":
+            return v
+    return next((g.split("=", 1)[1] for g in glob if g.startswith("--log=")), None)
+
+
+def fail(glob: list[str], state: Path, message: str) -> NoReturn:
+    """Exit non-zero with ``message`` where the shim looks for runc's reason (the JSON log's last error)."""
+    message = f"podmigrate-runc: {message}"
+    log = _log_path(glob)
+    if log:
+        with open(log, "a") as f:
+            f.write(json.dumps({"level": "error", "msg": message, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ")}) + "\n")
+    note(state, message)
+    print(message, file=sys.stderr)
+    sys.exit(1)
+
+
+def note(state: Path, line: str) -> None:
+    state.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(state / "podmigrate-runc.log", "a") as f:
+        f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+
+
+def restore_source(annotations: dict[str, str], restore_dir: Path) -> Path | None:
+    """The verified checkpoint directory this container is to be restored from, None for a fresh start."""
+    if annotations.get("io.kubernetes.cri.container-type") == "sandbox":
+        return None
+    name = annotations.get("io.kubernetes.cri.container-name", "")
+    wanted = [c.strip() for c in annotations.get(PREFIX + "restore", "").split(",") if c.strip()]
+    src = annotations.get(f"{PREFIX}restore-from.{name}") or annotations.get(PREFIX + "restore-from")
+    if not src:
+        if name in wanted:
+            raise Refused(
+                f"the pod asks to restore container {name!r} ({PREFIX}restore) but no {PREFIX}restore-from.{name} "
+                "reached the runtime: check the pod's annotations and the handler's pod_annotations allow-list"
+            )
+        return None
+    path = Path(os.path.realpath(src))
+    if path.parent.parent != Path(os.path.realpath(restore_dir)):
+        raise Refused(f"{src} is not a checkpoint directory under {restore_dir}; refusing to restore from it")
+    if not (path / VERIFIED).is_file():
+        raise Refused(f"{src} has no {VERIFIED}: the node agent has not fetched and verified this checkpoint")
+    if not (path / "checkpoint" / "descriptors.json").is_file():
+        raise Refused(f"{src}/checkpoint has no descriptors.json: not a runc checkpoint")
+    return path
+
+
+def apply_rootfs_diff(src: Path, rootfs: Path) -> None:
+    """The container's writes to its root filesystem, on top of the fresh snapshot of its image."""
+    diff = src / "rootfs-diff.tar"
+    if not diff.exists():
+        return
+    with tarfile.open(diff, "r:*") as t:  # containerd's is gzip despite the name, Podman's plain
+        for m in t.getmembers():
+            if m.name.startswith("/") or ".." in Path(m.name).parts:
+                raise Refused(f"{diff}: member {m.name!r} leaves the root filesystem")
+        t.extractall(rootfs, filter="tar")
+
+
+def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: str, cfg: dict[str, str]) -> int:
+    state = Path(cfg["state"])
+    bundle = Path(str(opts.get("--bundle") or opts.get("-b") or "."))
+    spec: dict[str, Any] = json.loads((bundle / "config.json").read_text())
+    annotations: dict[str, str] = spec.get("annotations") or {}
+    try:
+        src = restore_source(annotations, Path(cfg["restore_dir"]))
+    except Refused as e:
+        fail(glob, state, str(e))
+    sandbox = annotations.get("io.kubernetes.cri.sandbox-id", "")
+    once = state / "once" / f"{sandbox}.{annotations.get('io.kubernetes.cri.container-name', '')}"
+    if src is not None and once.exists():
+        note(state, f"{cid}: {src} was restored in this sandbox already; a restart starts fresh")
+        src = None
+    if src is None:
+        os.execv(cfg["runc"], [cfg["runc"], *argv])
+    try:
+        apply_rootfs_diff(src, bundle / str((spec.get("root") or {}).get("path", "rootfs")))
+    except (Refused, OSError, tarfile.TarError) as e:
+        fail(glob, state, f"applying {src}/rootfs-diff.tar: {e}")
+    work = state / cid / "work"
+    work.mkdir(mode=0o700, parents=True, exist_ok=True)
+    argv = [cfg["runc"], *glob, "restore", "--detach", "--no-subreaper", "--bundle", str(bundle),
+            "--image-path", str(src / "checkpoint"), "--work-path", str(work)]  # fmt: skip
+    for flag in ("--pid-file", "--console-socket"):
+        if opts.get(flag):
+            argv += [flag, str(opts[flag])]
+    if opts.get("--no-pivot"):
+        argv.append("--no-pivot")
+    if annotations.get(PREFIX + "tcp-established") == "true":
+        argv.append("--tcp-established")
+    t0 = time.monotonic()
+    rc = subprocess.run([*argv, cid]).returncode  # stdio inherited: runc hands the shim's pipes to CRIU
+    if rc != 0:
+        fail(glob, state, f"runc restore from {src} failed (exit {rc}): {_criu_error(work)}")
+    once.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    once.touch()
+    (state / cid / "restored").write_text(json.dumps({"from": str(src), "seconds": time.monotonic() - t0}))
+    note(state, f"{cid}: restored from {src} in {time.monotonic() - t0:.3f} s")
+    return 0
+
+
+def _criu_error(work: Path) -> str:
+    """CRIU's first real error line from restore.log (its RLIMIT_NOFILE complaint is noise here)."""
+    try:
+        lines = (work / "restore.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return "no restore.log"
+    errors = [ln.strip() for ln in lines if "Error (" in ln and "RLIMIT_NOFILE" not in ln]
+    return errors[0] if errors else (lines[-1].strip() if lines else "restore.log is empty")
+
+
+def main(argv: list[str]) -> int:
+    cfg = config()
+    glob, cmd, opts, cid = parse(argv)
+    state = Path(cfg["state"])
+    if cmd == "create":
+        return create(argv, glob, opts, cid, cfg)
+    if cmd == "start" and (state / cid / "restored").exists():
+        return 0  # restore --detach left it running
+    if cmd == "delete" and cid:
+        shutil.rmtree(state / cid, ignore_errors=True)
+        for marker in (state / "once").glob(f"{cid}.*") if (state / "once").exists() else []:
+            marker.unlink(missing_ok=True)  # the sandbox is gone: its restore-once markers with it
+    os.execv(cfg["runc"], [cfg["runc"], *argv])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
