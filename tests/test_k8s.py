@@ -1,118 +1,130 @@
-"""The operator, node agents and controller against an emulated cluster (see ``k8s_sim``).
+"""The operator's migrations on a Kubernetes cluster whose nodes run containerd 2.1 and CRIU (the lab).
 
-Real: kopf and the operator process, the node agents' HTTP servers, their kubelet client over TLS, the
-checkpoint-image push to a real registry and the digest-verified pull. Emulated: the Kubernetes API
-(kmock), the kubelet's checkpoint endpoint and the kubelets' pod lifecycle.
+Real: per node, containerd and CRIU, a kubelet driving that containerd over CRI (``kubelab.kubelet``:
+pods from the API become sandboxes and containers; its Checkpoint API calls CRI
+``CheckpointContainer``), the node agent, the registry, kopf and the operator process, and the
+podmigrate RuntimeClass (``runtime.runc_restore``). Emulated: the Kubernetes API server (kmock), the
+one part that cannot run on this machine. Faults are injected at the kubelet's edges (a subclass
+below) or by acting on the real parts (the registry's files, containerd's process).
 """
 
 from __future__ import annotations
 
 import hashlib
-import secrets
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from podmigrate.k8s import agent as node_agent
+from podmigrate import layout
+from podmigrate.cri import CRIClient
+from podmigrate.errors import CRIError, PodmigrateError
 from podmigrate.k8s import api as k
-from podmigrate.k8s.kubelet import KubeletClient
+from podmigrate.kubelab.cluster import AGENT_NS, KubeLab
+from podmigrate.kubelab.kubelet import Kubelet, KubeletError
+from podmigrate.kubelab.pods import KUBELET_LABEL, PodWorker
+from podmigrate.lab.cluster import Lab
+from podmigrate.lab.containerd import NODE_REGISTRY
+from podmigrate.workload.image import ensure_workload_image, workload_image
 from tests.conftest import wait_for
-from tests.k8s_sim import (
-    KMock,
-    KubeletCheckpointEmulator,
-    NodeSim,
-    Operator,
-    Registry,
-    free_port,
-    self_signed_cert,
-)
 
+pytestmark = pytest.mark.lab
 NS = "default"
-NODES = ("node-a", "node-b")
-AGENT_TOKEN = secrets.token_hex(16)
-KUBELET_TOKEN = secrets.token_hex(16)
 PLMS = "/apis/podmigrate.io/v1alpha1/namespaces/default/podlivemigrations"
+RCS = "/apis/node.k8s.io/v1/runtimeclasses"
+
+
+class HookedKubelet(Kubelet):
+    """The real kubelet, with places for a test to watch or break it."""
+
+    def __init__(self, *a: Any, **kw: Any) -> None:
+        super().__init__(*a, **kw)
+        self.calls: list[tuple[str, str, str]] = []
+        self.fail_with: int | None = None  # answer checkpoints with this status
+        self.hold = threading.Event()  # cleared: checkpoints wait until it is set again
+        self.hold.set()
+        self.waiting = 0
+        self.on_call: Callable[[], Any] | None = None  # at each checkpoint request, before it runs
+        self.on_start: Callable[[dict[str, Any]], Any] | None = None  # before a pod's sandbox is made
+        self.on_status: Callable[[dict[str, Any]], Any] | None = None  # after a pod's status is written
+
+    def checkpoint(self, namespace: str, pod: str, container: str, timeout: int) -> str:
+        self.calls.append((namespace, pod, container))
+        if self.on_call:
+            self.on_call()
+        self.waiting += 1
+        self.hold.wait()
+        self.waiting -= 1
+        if self.fail_with:
+            raise KubeletError("checkpointing failed: criu dump failed", details={"status": self.fail_with})
+        return super().checkpoint(namespace, pod, container, timeout)
+
+    def _start(self, w: PodWorker) -> None:
+        if self.on_start:
+            self.on_start(w.pod)
+        super()._start(w)
+
+    def _write_status(self, w: PodWorker) -> None:
+        super()._write_status(w)
+        if self.on_status:
+            self.on_status(w.pod)
+
+
+@pytest.fixture(scope="module")
+def klab() -> Iterator[Lab]:
+    the_lab = Lab("pmk8s")
+    the_lab.up(nodes=2, runtime="containerd", report=lambda m: print(f"[lab] {m}", flush=True))
+    ensure_workload_image(the_lab)
+    yield the_lab
+    the_lab.down()
 
 
 class Cluster:
-    def __init__(self, tmp: Path, reg: Registry, kubelets: dict[str, KubeletCheckpointEmulator], ports: dict[str, int]):
-        self.tmp, self.registry, self.kubelets, self.agent_ports = tmp, reg, kubelets, ports
-        self.kmock = KMock().start()
-        self.api = self.kmock.api()
-        self.metrics_port = free_port()
-        for node in (*NODES, "node-c"):
-            ready = "True" if node != "node-c" else "False"
-            self.api.create(
-                k.nodes(), {"metadata": {"name": node}, "status": {"conditions": [{"type": "Ready", "status": ready}]}}
-            )
-        for node in NODES:
-            self.add_agent_pod(node)
-        self.sim = NodeSim(self.api, reg.host, kubelets)
-        self.operator = Operator(
-            {
-                "PODMIGRATE_KUBE_SERVER": self.kmock.url,
-                "PODMIGRATE_AGENT_TOKEN": AGENT_TOKEN,
-                "PODMIGRATE_REGISTRY": f"{reg.host}/checkpoints",
-                "PODMIGRATE_METRICS_PORT": str(self.metrics_port),
-                "PODMIGRATE_POLL_S": "0.05",
-            },
-            tmp / "operator.log",
-        ).start()
+    def __init__(self, lab: Lab, tmp: Path):
+        self.lab = lab
+        self.kl = KubeLab(lab, tmp, kubelet_class=HookedKubelet, poll_s=0.05).start()
+        self.api = self.kl.api
+        self.image = workload_image().replace(layout.REGISTRY, NODE_REGISTRY)
+        for node, ready in (("node-c", "False"),):  # a node that is not Ready (no kubelet)
+            status = {"conditions": [{"type": "Ready", "status": ready}]}
+            self.api.create(k.nodes(), {"metadata": {"name": node}, "status": status})
 
-    def add_agent_pod(self, node: str) -> None:
-        self.api.create(
-            k.pods("podmigrate-system"),
-            {
-                "metadata": {
-                    "name": f"podmigrate-agent-{node}",
-                    "namespace": "podmigrate-system",
-                    "labels": {"app.kubernetes.io/name": "podmigrate-agent"},
-                },
-                "spec": {
-                    "nodeName": node,
-                    "containers": [
-                        {"name": "agent", "ports": [{"name": "agent", "containerPort": self.agent_ports[node]}]}
-                    ],
-                },
-                "status": {
-                    "phase": "Running",
-                    "podIP": "127.0.0.1",
-                    "conditions": [{"type": "Ready", "status": "True"}],
-                },
-            },
-        )
+    def kubelet(self, node: str) -> HookedKubelet:
+        kubelet = self.kl.nodes[node].kubelet
+        assert isinstance(kubelet, HookedKubelet)
+        return kubelet
 
-    def start_workload(self, name: str = "heapsrv", node: str = "node-a") -> dict[str, str]:
-        self.api.create(
-            k.pods(NS),
-            {
-                "metadata": {"name": name, "namespace": NS, "labels": {"app": name}},
-                "spec": {
-                    "nodeName": node,
-                    "containers": [
-                        {"name": "server", "image": "localhost/heapsrv:1"},
-                        {"name": "sidecar", "image": "localhost/sidecar:1"},
-                    ],
-                },
-            },
-        )
-        self.api.create(
-            k.services(NS),
-            {
-                "metadata": {"name": "web", "namespace": NS},
-                "spec": {"selector": {"app": name}, "ports": [{"port": 80}]},
-            },
-        )
-        wait_for(lambda: k.pod_ready(self.api.get(k.pods(NS, name)) or {}), 60, f"{name} ready")
-        return self.heap_digests(node, name)
+    def start_workload(self, name: str = "heapsrv", node: str = "node-a", heap_mb: int = 16) -> dict[str, Any]:
+        """The example pod (heap server + sidecar) and its Service; the heap's state once it answers."""
+        env = [{"name": "HEAP_MB", "value": str(heap_mb)}, {"name": "LISTEN", "value": "127.0.0.1:8090"}]
+        sidecar_env = [{"name": "LISTEN", "value": "0.0.0.0:8000"}, {"name": "UPSTREAM", "value": "127.0.0.1:8090"}]
+        self.api.create(k.pods(NS), {
+            "metadata": {"name": name, "namespace": NS, "labels": {"app": name}},
+            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 2, "containers": [
+                {"name": "server", "image": self.image, "command": ["python3", "-u", "/app/heapsrv.py"], "env": env},
+                {"name": "sidecar", "image": self.image, "command": ["python3", "-u", "/app/sidecar.py"],
+                 "env": sidecar_env},
+            ]},
+        })  # fmt: skip
+        self.api.create(k.services(NS), {"metadata": {"name": "web", "namespace": NS},
+                                         "spec": {"selector": {"app": name}, "ports": [{"port": 80}]}})  # fmt: skip
+        wait_for(lambda: k.pod_ready(self.api.get(k.pods(NS, name)) or {}), 120, f"{name} ready")
+        return self.state(node)
 
-    def heap_digests(self, node: str, pod: str) -> dict[str, str]:
-        heaps = self.kubelets[node].heaps
-        return {c: hashlib.sha256(heaps[(NS, pod, c)]).hexdigest() for c in ("server", "sidecar")}
+    def state(self, node: str, timeout: float = 60) -> dict[str, Any]:
+        """GET /state through the pod's sidecar at its address (the node's: pods use its network)."""
+
+        def get() -> dict[str, Any] | None:
+            try:
+                out: dict[str, Any] = httpx.get(f"http://{layout.node_ip(node)}:8000/state", timeout=3).json()
+                return out
+            except (httpx.HTTPError, ValueError):
+                return None
+
+        return wait_for(get, timeout, f"the heap server's state on {node}", step=0.2)
 
     def migrate(self, name: str, spec: dict[str, Any]) -> None:
         meta = {"name": name, "namespace": NS, "resourceVersion": "1"}
@@ -123,146 +135,151 @@ class Cluster:
     def status(self, name: str) -> dict[str, Any]:
         return (self.api.get(f"{PLMS}/{name}") or {}).get("status") or {}
 
-    def wait_phase(self, name: str, *phases: str, timeout: float = 60) -> dict[str, Any]:
+    def wait_phase(self, name: str, *phases: str, timeout: float = 180) -> dict[str, Any]:
         def done() -> dict[str, Any] | None:
             st = self.status(name)
             return st if st.get("phase") in phases else None
 
         try:
-            result: dict[str, Any] = wait_for(done, timeout, f"{name} to reach {phases}", step=0.05)
+            result: dict[str, Any] = wait_for(done, timeout, f"{name} to reach {phases}", step=0.1)
         except AssertionError:
+            errors = {n: self.kubelet(n).errors[-5:] for n in self.kl.nodes}
             raise AssertionError(
-                f"{self.status(name)}\n--- node errors: {self.sim.errors[-5:]}\n--- operator log:\n{self.log()[-4000:]}"
+                f"{self.status(name)}\n--- kubelets: {errors}\n--- operator log:\n{self.kl.operator_log()[-4000:]}"
             ) from None
         return result
 
     def events(self) -> list[tuple[str, str]]:
-        return [(e.get("reason", ""), e.get("message", "")) for e in self.api.list("/api/v1/namespaces/default/events")]
-
-    def log(self) -> str:
-        return (self.tmp / "operator.log").read_text(errors="replace")
+        return [(e.get("reason", ""), e.get("message", "")) for e in self.api.list(f"/api/v1/namespaces/{NS}/events")]
 
     def archives(self, node: str) -> list[Path]:
-        return sorted(self.kubelets[node].dir.glob("*.tar"))
+        return sorted(self.kl.nodes[node].checkpoints.glob("*.tar"))
+
+    def has_image(self, reference: str) -> bool:
+        repo, _, tag = reference.partition("/")[2].rpartition(":")
+        r = httpx.get(f"http://{layout.REGISTRY}/v2/{repo}/manifests/{tag}",
+                      headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})  # fmt: skip
+        return r.status_code == 200
+
+    def sandboxes(self, node: str) -> list[Any]:
+        return self.kubelet(node).cri.list_pod_sandbox({KUBELET_LABEL: node})
 
     def close(self) -> None:
-        self.operator.stop()
-        self.sim.close()
-        self.api.close()
-        self.kmock.stop()
-
-
-@pytest.fixture(scope="module")
-def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Registry, dict[str, Any], dict[str, int]]]:
-    """A real registry, and per node a kubelet checkpoint endpoint and a real node agent."""
-    tmp = tmp_path_factory.mktemp("k8s")
-    reg = Registry(tmp / "registry")
-    cert, key = self_signed_cert(tmp)
-    kubelets, servers, ports = {}, [], {}
-    for node in NODES:
-        kubelets[node] = KubeletCheckpointEmulator(node, tmp / node / "checkpoints", KUBELET_TOKEN, cert, key)
-        client = KubeletClient(kubelets[node].url, KUBELET_TOKEN, ca=str(cert))
-        app = node_agent.build_app(node, AGENT_TOKEN, client, kubelets[node].dir)
-        server = node_agent.serve(app, "127.0.0.1:0")
-        threading.Thread(target=server.serve_forever, daemon=True).start()
-        servers.append(server)
-        ports[node] = server.server_address[1]
-    yield reg, kubelets, ports
-    for s in servers:
-        s.shutdown()
-    for kl in kubelets.values():
-        kl.close()
-    reg.close()
+        self.kl.close()
 
 
 @pytest.fixture
-def cluster(nodes: tuple[Registry, dict[str, Any], dict[str, int]], tmp_path: Path) -> Iterator[Cluster]:
-    reg, kubelets, ports = nodes
-    for kl in kubelets.values():
-        kl.heaps.clear()
-        kl.calls.clear()
-        kl.fail_with = None
-        kl.hold.set()
-        kl.on_call = None
-        for a in kl.dir.glob("*.tar"):
-            a.unlink()
-    c = Cluster(tmp_path, reg, kubelets, ports)
+def cluster(klab: Lab, tmp_path: Path) -> Iterator[Cluster]:
+    c = Cluster(klab, tmp_path)
     yield c
     c.close()
+    for node in klab.nodes:  # the kubelets removed every pod they ran
+        with CRIClient(klab.dir / "cri" / f"{node}.sock") as cri:
+            assert cri.list_pod_sandbox({KUBELET_LABEL: node}) == [], node
 
 
-def assert_rolled_back(c: Cluster, name: str, source_digests: dict[str, str]) -> dict[str, Any]:
+def same_process(before: dict[str, Any], after: dict[str, Any]) -> bool:
+    return bool(after["sha256"] == before["sha256"] and after["started"] == before["started"])
+
+
+def assert_rolled_back(c: Cluster, name: str, before: dict[str, Any]) -> dict[str, Any]:
     st = c.wait_phase(name, "RolledBack", "Failed")
     assert st["phase"] == "RolledBack", st
     pod = c.api.get(k.pods(NS, "heapsrv"))
     assert pod is not None and pod["spec"]["nodeName"] == "node-a" and k.pod_ready(pod)
     assert "podmigrate.io/migration" not in (pod["metadata"].get("annotations") or {})
-    assert c.heap_digests("node-a", "heapsrv") == source_digests  # the source was never touched
+    assert same_process(before, c.state("node-a"))  # the source was never touched, and still serves
     svc = c.api.get(k.services(NS, "web"))
     assert svc is None or k.selects(svc["spec"]["selector"], pod["metadata"]["labels"]), svc
     rec = st["record"]
     assert c.api.get(k.pods(NS, rec["restored"])) is None
-    assert not [r for r in rec.get("references", {}).values() if c.registry.has(r)]
+    assert not [r for r in rec.get("references", {}).values() if c.has_image(r)]
     assert c.archives("node-a") == []
     assert any(r == "RolledBack" for r, _ in c.events())
     return st
 
 
+def tamper(c: Cluster, reference: str) -> None:
+    """Flip bytes in the checkpoint layer as the registry stores it (same size, other content)."""
+    repo, _, tag = reference.partition("/")[2].rpartition(":")
+    manifest = httpx.get(f"http://{layout.REGISTRY}/v2/{repo}/manifests/{tag}",
+                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}).json()  # fmt: skip
+    digest = manifest["layers"][0]["digest"].split(":")[1]
+    data = c.lab.dir / "registry/docker/registry/v2/blobs/sha256" / digest[:2] / digest / "data"
+    with open(data, "r+b") as f:
+        f.seek(4096)
+        chunk = f.read(64)
+        f.seek(4096)
+        f.write(bytes(b ^ 0xFF for b in chunk))
+    assert hashlib.sha256(data.read_bytes()).hexdigest() != digest
+
+
 # ------------------------------------------------------------------------------------------ tests
-def test_decoupled_migration_moves_the_pod_with_its_memory_there_and_back(cluster: Cluster) -> None:
+def test_each_kubelet_registers_its_node_with_the_runtime_it_drives(cluster: Cluster) -> None:
+    for node in ("node-a", "node-b"):
+        n = cluster.api.get(k.nodes(node))
+        assert n is not None and k.node_ready(n)
+        assert n["status"]["nodeInfo"]["containerRuntimeVersion"].startswith("containerd://2.1.")
+        assert {"type": "InternalIP", "address": layout.node_ip(node)} in n["status"]["addresses"]
+
+
+@pytest.mark.parametrize("path", ["cri", "runtimeclass"])
+def test_decoupled_migration_moves_the_pod_with_its_memory_there_and_back(cluster: Cluster, path: str) -> None:
     c = cluster
     before = c.start_workload()
-    c.migrate("move-1", {"podName": "heapsrv", "targetNode": "node-b"})
+    c.migrate("move-1", {"podName": "heapsrv", "targetNode": "node-b", "restorePath": path})
     st = c.wait_phase("move-1", "Completed", "Failed", "RolledBack")
     assert st["phase"] == "Completed", st
+    assert st["restorePath"] == path
     restored = st["restoredPod"]["name"]
     assert st["restoredPod"]["node"] == "node-b" and restored.startswith("heapsrv-m")
     # both containers were checkpointed through the kubelet of the source node, nothing else
-    assert sorted(c.kubelets["node-a"].calls) == [(NS, "heapsrv", "server"), (NS, "heapsrv", "sidecar")]
-    assert c.kubelets["node-b"].calls == []
-    # the restored pod runs the checkpoint images, and their memory is the source's, bit for bit
+    assert sorted(c.kubelet("node-a").calls) == [(NS, "heapsrv", "server"), (NS, "heapsrv", "sidecar")]
+    assert c.kubelet("node-b").calls == []
+    # the copy on node-b is the same process with the same memory, bit for bit
+    assert same_process(before, c.state("node-b"))
     pod = c.api.get(k.pods(NS, restored))
     assert pod is not None and pod["spec"]["nodeName"] == "node-b"
     images = {x["name"]: x["image"] for x in pod["spec"]["containers"]}
-    assert images == st["checkpointImages"] and all(
-        i.startswith(c.registry.host + "/checkpoints/") for i in images.values()
-    )
-    assert {ctr: c.sim.restored[(restored, ctr)] for ctr in before} == before
+    if path == "cri":  # the checkpoint images, by the digest the source pushed
+        assert all(i.startswith(f"{NODE_REGISTRY}/checkpoints/") and "@sha256:" in i for i in images.values())
+    else:  # the original images; the RuntimeClass restored from what the target's agent verified
+        assert set(images.values()) == {c.image} and pod["spec"]["runtimeClassName"] == "podmigrate"
+        assert pod["metadata"]["annotations"]["io.podmigrate.restore"] == "server,sidecar"
     # the Service selects exactly the restored pod; the source is gone; no archive or tag is left
-    sel = c.api.get(k.services(NS, "web"))["spec"]["selector"]  # type: ignore[index]
-    assert sel == {"app": "heapsrv"}  # unpinned again: with the source gone it selects the copy alone
+    assert c.api.get(k.services(NS, "web"))["spec"]["selector"] == {"app": "heapsrv"}  # type: ignore[index]
     assert c.api.get(k.pods(NS, "heapsrv")) is None
-    assert c.archives("node-a") == [] and not any(c.registry.has(i) for i in images.values())
+    assert c.archives("node-a") == [] and not any(c.has_image(i) for i in st["checkpointImages"].values())
+    assert not list((c.lab.dir / "nodes/node-b/podmigrate-restore").iterdir())
     assert set(st["phaseTimings"]) == {"validate", "checkpoint", "package", "restore", "cutover", "cleanup"}
-    assert {c["type"]: c["status"] for c in st["conditions"]} == {"Progressing": "False", "Succeeded": "True"}
-    assert st["bytes"] > 2 << 20 and st["blackoutSeconds"] == 0 and st["driftSeconds"] > 0
+    assert {x["type"]: x["status"] for x in st["conditions"]} == {"Progressing": "False", "Succeeded": "True"}
+    assert st["bytes"] > 16 << 20 and st["blackoutSeconds"] == 0 and st["driftSeconds"] > 0
     reasons = [r for r, _ in c.events()]
-    for r in ("Validate", "Checkpoint", "Package", "Restore", "Cutover", "Cleanup", "Completed"):
+    for r in ("Validate", "RestorePath", "Checkpoint", "Package", "Restore", "Cutover", "Cleanup", "Completed"):
         assert r in reasons, reasons
-    # and back: the copy on node-b is checkpointed by node-b's kubelet; the name does not grow
-    c.migrate("move-2", {"podName": restored, "targetNode": "node-a"})
+    # and back: node-b's kubelet checkpoints the copy; the name does not grow
+    c.migrate("move-2", {"podName": restored, "targetNode": "node-a", "restorePath": path})
     st2 = c.wait_phase("move-2", "Completed", "Failed", "RolledBack")
     assert st2["phase"] == "Completed", st2
     back = st2["restoredPod"]["name"]
     assert back.startswith("heapsrv-m") and len(back) == len(restored) and st2["restoredPod"]["node"] == "node-a"
-    assert {ctr: c.sim.restored[(back, ctr)] for ctr in before} == before
-    metrics = httpx.get(f"http://127.0.0.1:{c.metrics_port}/metrics").text
+    assert same_process(before, c.state("node-a"))
+    metrics = httpx.get(f"http://127.0.0.1:{c.kl.metrics_port}/metrics").text
     assert 'podmigrate_migrations_total{mode="decoupled",result="completed"} 2.0' in metrics
-    assert 'podmigrate_phase_duration_seconds_count{mode="decoupled",phase="checkpoint"} 2.0' in metrics
 
 
 def test_stop_copy_takes_the_source_out_of_service_before_its_checkpoint(cluster: Cluster) -> None:
     c = cluster
     before = c.start_workload()
     seen: list[dict[str, str]] = []
-    c.kubelets["node-a"].on_call = lambda: seen.append(c.api.get(k.services(NS, "web"))["spec"]["selector"])  # type: ignore[index]
+    c.kubelet("node-a").on_call = lambda: seen.append(c.api.get(k.services(NS, "web"))["spec"]["selector"])  # type: ignore[index]
     c.migrate("sc", {"podName": "heapsrv", "targetNode": "node-b", "mode": "stop-copy"})
     st = c.wait_phase("sc", "Completed", "Failed", "RolledBack")
     assert st["phase"] == "Completed", st
     # at each checkpoint the Service selected no pod: nothing could change the state after it
     assert len(seen) == 2 and all(s["podmigrate.io/instance"].startswith("isolated-") for s in seen)
     assert st["driftSeconds"] == 0 and st["blackoutSeconds"] > 0
-    assert {ctr: c.sim.restored[(st["restoredPod"]["name"], ctr)] for ctr in before} == before
+    assert same_process(before, c.state("node-b"))
     assert set(st["phaseTimings"]) >= {"isolate", "checkpoint"}
 
 
@@ -272,53 +289,127 @@ def test_cold_restart_starts_fresh_pods_and_checkpoints_nothing(cluster: Cluster
     c.migrate("cold", {"podName": "heapsrv", "targetNode": "node-b", "mode": "cold"})
     st = c.wait_phase("cold", "Completed", "Failed", "RolledBack")
     assert st["phase"] == "Completed", st
-    assert c.kubelets["node-a"].calls == [] and st["checkpointImages"] == {}
+    assert c.kubelet("node-a").calls == [] and st["checkpointImages"] == {}
     pod = c.api.get(k.pods(NS, st["restoredPod"]["name"]))
-    assert pod is not None
-    assert [x["image"] for x in pod["spec"]["containers"]] == ["localhost/heapsrv:1", "localhost/sidecar:1"]
-    assert c.heap_digests("node-b", st["restoredPod"]["name"]) != before  # new memory: the state is lost
+    assert pod is not None and [x["image"] for x in pod["spec"]["containers"]] == [c.image, c.image]
+    after = c.state("node-b")
+    assert after["started"] != before["started"] and after["counter"] < before["counter"] + 50  # state lost
 
 
 @pytest.mark.parametrize(
-    "fault", ["kubelet-fails", "no-agent", "registry-down", "restore-fails", "target-lost", "service-deleted"]
+    "fault",
+    ["kubelet-fails", "no-agent", "registry-down", "tampered", "target-lost", "service-deleted", "containerd-killed"],
 )
 def test_a_failure_at_each_step_rolls_back_and_keeps_the_source(cluster: Cluster, fault: str) -> None:
     c = cluster
     before = c.start_workload()
-    spec: dict[str, Any] = {"podName": "heapsrv", "targetNode": "node-b", "timeouts": {"restoreSeconds": 10}}
+    spec: dict[str, Any] = {"podName": "heapsrv", "targetNode": "node-b", "timeouts": {"restoreSeconds": 20}}
+    target = c.kubelet("node-b")
+
+    def restored(pod: dict[str, Any]) -> bool:
+        return bool(pod["metadata"]["name"] != "heapsrv")
+
     if fault == "kubelet-fails":
-        c.kubelets["node-a"].fail_with = 500
+        c.kubelet("node-a").fail_with = 500
     elif fault == "no-agent":
-        c.api.delete(k.pods("podmigrate-system", "podmigrate-agent-node-a"))
+        c.api.delete(k.pods(AGENT_NS, "podmigrate-agent-node-a"))
     elif fault == "registry-down":
-        spec["registry"] = f"127.0.0.1:{free_port()}/checkpoints"
-    elif fault == "restore-fails":
-        c.sim.fail_restore = "CreateContainerError"
-    elif fault == "target-lost":
-        c.sim.lose_restored = True
+        spec["registry"] = "127.0.0.1:9/checkpoints"
+    elif fault == "tampered":  # someone changes the image in the registry after the push
+        spec["restorePath"] = "cri"
+
+        def tamper_first(pod: dict[str, Any]) -> None:
+            if restored(pod):
+                for ref in c.status("doomed")["record"]["images"].values():
+                    tamper(c, ref)
+                target.on_start = None
+
+        target.on_start = tamper_first
+    elif fault == "target-lost":  # its node dies as the copy starts
+        target.on_start = lambda pod: restored(pod) and c.api.delete(k.pods(NS, pod["metadata"]["name"]))
     elif fault == "service-deleted":  # someone deletes the Service as the copy comes up
-        c.sim.on_ready = lambda pod: pod["metadata"]["name"] != "heapsrv" and c.api.delete(k.services(NS, "web"))
+        target.on_status = lambda pod: restored(pod) and c.api.delete(k.services(NS, "web"))
+    elif fault == "containerd-killed":  # the target's runtime dies while it restores, and stays down a while
+        hold = c.lab.dir / "hold" / "containerd-node-b"
+
+        def kill(pod: dict[str, Any]) -> None:
+            if restored(pod):
+                hold.touch()
+                c.lab.run("node-b", ["pkill", "-9", "-x", "containerd"], check=False)
+                target.on_start = None
+
+        target.on_start = kill
     c.migrate("doomed", spec)
-    st = assert_rolled_back(c, "doomed", before)
+    try:
+        st = assert_rolled_back(c, "doomed", before)
+    finally:
+        if fault == "containerd-killed":
+            (c.lab.dir / "hold" / "containerd-node-b").unlink(missing_ok=True)
     failed_in = {
         "kubelet-fails": {"checkpoint"},
         "no-agent": {"checkpoint"},
         "registry-down": {"package"},
-        "restore-fails": {"restore"},
+        "tampered": {"restore"},
         "target-lost": {"restore"},
         "service-deleted": {"cutover"},
+        "containerd-killed": {"restore"},
     }[fault]
     assert st["record"]["phase"] in failed_in, st["record"]
+    message = st["message"]
     if fault == "kubelet-fails":
-        assert "criu dump failed" in st["message"] and "CRIU" in st["record"]["error"]["hint"]
+        assert "criu dump failed" in message and "CRIU" in st["record"]["error"]["hint"]
     if fault == "no-agent":
-        assert "no ready podmigrate agent on node 'node-a'" in st["message"]
-    if fault == "restore-fails":
-        assert "CreateContainerError" in st["message"]
+        assert "no ready podmigrate agent on node 'node-a'" in message and "could not delete" in message
+    if fault == "tampered":  # containerd checks the layer's digest as it pulls: nothing restored
+        assert "ErrImagePull" in message and "digest" in message.lower(), message
     if fault == "target-lost":
-        assert "vanished" in st["message"]
-    if fault == "no-agent":  # its undo could not reach the agent either: a leftover, said so
-        assert "could not delete" in st["message"]
+        assert "vanished" in message
+    if fault == "containerd-killed":
+        assert "not ready after 20 s" in message or "CRI" in message, message
+        # the runtime comes back (the lab restarts it), and the kubelet removes the copy's sandbox
+        def cleaned() -> bool:
+            try:
+                return not c.sandboxes("node-b")
+            except CRIError:  # still restarting
+                return False
+
+        wait_for(cleaned, 120, "node-b's sandboxes to be removed", step=0.5)
+
+
+def test_the_target_agent_refuses_a_replaced_or_damaged_image_before_anything_restores(cluster: Cluster) -> None:
+    """The RuntimeClass path: the target's agent fetches the image and checks the manifest digest the
+    operator recorded and the layer's digest before it writes the mark the handler needs to restore."""
+    c = cluster
+    c.start_workload()
+    source, target = c.kl.agent("node-a"), c.kl.agent("node-b")
+    body = {"namespace": NS, "pod": "heapsrv", "containers": ["server"], "checkpoint_id": "t0", "timeout": 60}
+    archives = source.post("/v1/checkpoints", body)["archives"]
+    ref = f"{NODE_REGISTRY}/checkpoints/refusal:t0"
+    pushed = source.post(
+        "/v1/images", {"archives": {"server": archives["server"]["path"]}, "references": {"server": ref}}
+    )
+    digest = pushed["images"]["server"]["manifest_digest"]
+    restores = c.lab.dir / "nodes/node-b/podmigrate-restore"
+
+    def fetch(cid: str, want: str) -> Any:
+        return target.post(
+            "/v1/restores", {"checkpoint_id": cid, "images": {"server": {"reference": ref, "digest": want}}}
+        )
+
+    with pytest.raises(PodmigrateError, match="not the checkpoint image that was pushed"):
+        fetch("t1", "sha256:" + "0" * 64)
+    good = fetch("t2", digest)["restores"]["server"]
+    assert good["path"] == "/var/lib/podmigrate/restore/t2/server"
+    assert (restores / "t2/server/podmigrate-verified.json").exists()
+    assert (restores / "t2/server/checkpoint/descriptors.json").stat().st_mode & 0o077 == 0
+    tamper(c, ref)
+    with pytest.raises(PodmigrateError, match="refusing to restore"):
+        fetch("t3", digest)
+    assert not list(restores.glob("t[13]/**/podmigrate-verified.json"))
+    for cid in ("t1", "t2", "t3"):
+        target.post("/v1/restores/delete", {"checkpoint_id": cid})
+    source.post("/v1/images/delete", {"references": [ref]})
+    assert not list(restores.iterdir())
 
 
 def test_invalid_specs_fail_with_a_message_that_names_the_field(cluster: Cluster) -> None:
@@ -328,6 +419,7 @@ def test_invalid_specs_fail_with_a_message_that_names_the_field(cluster: Cluster
         "no-pod": ({"podName": "nope", "targetNode": "node-b"}, "spec.podName: there is no pod 'nope'"),
         "same-node": ({"podName": "heapsrv", "targetNode": "node-a"}, "already runs on 'node-a'"),
         "bad-mode": ({"podName": "heapsrv", "mode": "warp"}, "spec.mode: 'warp' is not one of"),
+        "bad-path": ({"podName": "heapsrv", "restorePath": "magic"}, "spec.restorePath: 'magic' is not one of"),
         "not-ready": ({"podName": "heapsrv", "targetNode": "node-c"}, "node 'node-c' is not Ready"),
         "no-such-container": ({"podName": "heapsrv", "containers": ["db"]}, "has no container db"),
         "tainted": ({"podName": "heapsrv", "targetNode": "node-d"}, "does not tolerate its taint gpu:NoSchedule"),
@@ -341,31 +433,94 @@ def test_invalid_specs_fail_with_a_message_that_names_the_field(cluster: Cluster
         st = c.wait_phase(name, "Failed", "Completed", "RolledBack")
         assert st["phase"] == "Failed" and st["reason"] == "InvalidSpec", (name, st)
         assert message in st["message"], (name, st["message"])
-    assert c.kubelets["node-a"].calls == []  # nothing was started
+    assert c.kubelet("node-a").calls == []  # nothing was started
     assert "podmigrate.io/migration" not in (c.api.get(k.pods(NS, "heapsrv")) or {})["metadata"].get("annotations", {})
+
+
+def test_the_operator_restores_through_the_runtimeclass_where_cri_restore_is_gone(cluster: Cluster) -> None:
+    """A target that reports containerd 2.4 (CRI restore removed): auto takes the RuntimeClass; with
+    no RuntimeClass either, the migration fails before anything is frozen, saying why."""
+    c = cluster
+    before = c.start_workload()
+    info = {"status": {"nodeInfo": {"containerRuntimeVersion": "containerd://2.4.0"}}}
+    c.api.patch(k.nodes("node-b") + "/status", info)
+    c.migrate("auto", {"podName": "heapsrv", "targetNode": "node-b"})
+    st = c.wait_phase("auto", "Completed", "Failed", "RolledBack")
+    assert st["phase"] == "Completed" and st["restorePath"] == "runtimeclass", st
+    assert any(r == "RestorePath" and "removed in 2.4" in m for r, m in c.events())
+    assert same_process(before, c.state("node-b"))
+    c.api.delete(f"{RCS}/podmigrate")
+    c.api.patch(k.nodes("node-a") + "/status", info)
+    c.migrate("nowhere", {"podName": st["restoredPod"]["name"], "targetNode": "node-a"})
+    st = c.wait_phase("nowhere", "Failed", "Completed", "RolledBack")
+    assert st["phase"] == "Failed" and st["reason"] == "UnsupportedRuntime", st
+    assert "node 'node-a' cannot restore a checkpoint" in st["message"] and "removed in 2.4" in st["message"]
+    assert "no podmigrate RuntimeClass" in st["message"]
+    assert c.kubelet("node-b").calls == []  # refused before any checkpoint
+
+
+def test_the_runtimeclass_refuses_a_restore_it_cannot_do_instead_of_starting_fresh(cluster: Cluster) -> None:
+    """A pod that asks the handler to restore a container but names no checkpoint for it (or one the
+    agent never verified) does not start: the reason is in the container's status."""
+    c = cluster
+    fake = c.lab.dir / "nodes/node-b/podmigrate-restore/fake/server/checkpoint"
+    fake.mkdir(parents=True)
+    (fake / "descriptors.json").write_text("[]")  # looks like a checkpoint, but was never verified
+    cases = {
+        "no-source": ({"io.podmigrate.restore": "server"}, "no io.podmigrate.restore-from.server reached the runtime"),
+        "unverified": ({"io.podmigrate.restore": "server",
+                        "io.podmigrate.restore-from.server": "/var/lib/podmigrate/restore/fake/server"},
+                       "has no podmigrate-verified.json"),
+        "outside": ({"io.podmigrate.restore": "server", "io.podmigrate.restore-from.server": "/etc"},
+                    "is not a checkpoint directory under /var/lib/podmigrate/restore"),
+    }  # fmt: skip
+    for name, (ann, _) in cases.items():
+        c.api.create(k.pods(NS), {
+            "metadata": {"name": name, "namespace": NS, "annotations": ann},
+            "spec": {"nodeName": "node-b", "runtimeClassName": "podmigrate", "terminationGracePeriodSeconds": 1,
+                     "containers": [{"name": "server", "image": c.image, "command": ["python3", "/app/heapsrv.py"],
+                                     "env": [{"name": "HEAP_MB", "value": "1"}]}]},
+        })  # fmt: skip
+    for name, (_, message) in cases.items():
+
+        def refused(name: str = name) -> str | None:
+            cs = ((c.api.get(k.pods(NS, name)) or {}).get("status") or {}).get("containerStatuses") or [{}]
+            waiting = cs[0].get("state", {}).get("waiting") or {}
+            return (
+                waiting.get("message")
+                if waiting.get("reason") in ("CreateContainerError", "RunContainerError")
+                else None
+            )
+
+        got = wait_for(refused, 60, f"{name} refused")
+        assert "podmigrate-runc" in got and message in got, got
+        c.api.delete(k.pods(NS, name))
+    import shutil
+
+    shutil.rmtree(fake.parents[1])
 
 
 def test_one_migration_per_pod_at_a_time(cluster: Cluster) -> None:
     c = cluster
     before = c.start_workload()
-    c.kubelets["node-a"].hold.clear()
+    c.kubelet("node-a").hold.clear()
     c.migrate("first", {"podName": "heapsrv"})  # no target given: any other Ready node (node-b)
-    wait_for(lambda: c.kubelets["node-a"].waiting, 60, "the first checkpoint to start", step=0.05)
+    wait_for(lambda: c.kubelet("node-a").waiting, 60, "the first checkpoint to start", step=0.05)
     c.migrate("second", {"podName": "heapsrv", "targetNode": "node-b"})
     st = c.wait_phase("second", "Failed", "Completed", "RolledBack")
     assert "already being migrated by PodLiveMigration 'first'" in st["message"]
-    c.kubelets["node-a"].hold.set()
+    c.kubelet("node-a").hold.set()
     st = c.wait_phase("first", "Completed", "Failed", "RolledBack")
     assert st["phase"] == "Completed" and st["targetNode"] == "node-b"
-    assert {ctr: c.sim.restored[(st["restoredPod"]["name"], ctr)] for ctr in before} == before
+    assert same_process(before, c.state("node-b"))
 
 
-def held_in_checkpoint(c: Cluster, name: str) -> dict[str, str]:
+def held_in_checkpoint(c: Cluster, name: str) -> dict[str, Any]:
     """Start the workload and a migration of it whose checkpoint waits in the kubelet until released."""
     before = c.start_workload()
-    c.kubelets["node-a"].hold.clear()
+    c.kubelet("node-a").hold.clear()
     c.migrate(name, {"podName": "heapsrv", "targetNode": "node-b"})
-    wait_for(lambda: c.kubelets["node-a"].waiting, 60, "the checkpoint to start", step=0.05)
+    wait_for(lambda: c.kubelet("node-a").waiting, 60, "the checkpoint to start", step=0.05)
     return before
 
 
@@ -373,12 +528,12 @@ def test_an_operator_restarted_mid_migration_resumes_it(cluster: Cluster) -> Non
     c = cluster
     before = held_in_checkpoint(c, "resumed")
     assert c.status("resumed")["phase"] == "Checkpointing"
-    c.operator.kill()  # SIGKILL: no chance to write anything
-    c.operator.start()
-    c.kubelets["node-a"].hold.set()
+    c.kl.stop_operator(kill=True)  # SIGKILL: no chance to write anything
+    c.kl.start_operator()
+    c.kubelet("node-a").hold.set()
     st = c.wait_phase("resumed", "Completed", "Failed", "RolledBack")
     assert st["phase"] == "Completed", st
-    assert {ctr: c.sim.restored[(st["restoredPod"]["name"], ctr)] for ctr in before} == before
+    assert same_process(before, c.state("node-b"))
     assert any(r == "Resumed" for r, _ in c.events())
     assert c.archives("node-a") == []  # the interrupted checkpoint's archives were replaced, not leaked
 
@@ -387,10 +542,10 @@ def test_deleting_a_running_migration_rolls_it_back(cluster: Cluster) -> None:
     c = cluster
     before = held_in_checkpoint(c, "cancelled")
     c.api.delete(f"{PLMS}/cancelled")
-    c.kubelets["node-a"].hold.set()
+    c.kubelet("node-a").hold.set()
     wait_for(lambda: c.api.get(f"{PLMS}/cancelled") is None, 60, "the migration to be gone")
     pod = c.api.get(k.pods(NS, "heapsrv"))
-    assert pod is not None and k.pod_ready(pod) and c.heap_digests("node-a", "heapsrv") == before
+    assert pod is not None and k.pod_ready(pod) and same_process(before, c.state("node-a"))
     assert [p for p in c.api.list(k.pods(NS)) if p["metadata"]["name"] != "heapsrv"] == []
     assert c.archives("node-a") == []
 
@@ -401,14 +556,12 @@ def test_checkpointing_some_containers_warns_and_starts_the_others_fresh(cluster
     c.migrate("partial", {"podName": "heapsrv", "targetNode": "node-b", "containers": ["server"]})
     st = c.wait_phase("partial", "Completed", "Failed", "RolledBack")
     assert st["phase"] == "Completed", st
-    assert c.kubelets["node-a"].calls == [(NS, "heapsrv", "server")]
-    restored = st["restoredPod"]["name"]
-    pod = c.api.get(k.pods(NS, restored))
+    assert c.kubelet("node-a").calls == [(NS, "heapsrv", "server")]
+    pod = c.api.get(k.pods(NS, st["restoredPod"]["name"]))
     assert pod is not None
     images = {x["name"]: x["image"] for x in pod["spec"]["containers"]}
-    assert images["sidecar"] == "localhost/sidecar:1" and images["server"] == st["checkpointImages"]["server"]
-    assert c.sim.restored[(restored, "server")] == before["server"]
-    assert (restored, "sidecar") not in c.sim.restored
+    assert images["sidecar"] == c.image and images["server"].startswith(f"{NODE_REGISTRY}/checkpoints/")
+    assert same_process(before, c.state("node-b"))  # the server's memory, through a fresh sidecar
     warnings = [m for r, m in c.events() if r == "PartialCheckpoint"]
     assert warnings and "severed" in warnings[0]
 
@@ -419,19 +572,20 @@ def test_an_operator_that_died_mid_rollback_finishes_the_rollback_not_the_migrat
     operator must finish the undo (each undo is idempotent), never run the migration on."""
     c = cluster
     before = c.start_workload()
-    archive = c.kubelets["node-a"].dir / "podmigrate-20261201000000-abcdef-server.tar"
+    archive = c.kl.nodes["node-a"].checkpoints / "podmigrate-20261201000000-abcdef-server.tar"
     archive.write_bytes(b"memory")
     c.api.patch(k.pods(NS, "heapsrv"), {"metadata": {"annotations": {"podmigrate.io/migration": "crashed"},
                                                      "labels": {"podmigrate.io/instance": "heapsrv"}}})  # fmt: skip
     c.api.patch(k.services(NS, "web"), {"spec": {"selector": {"app": "heapsrv", "podmigrate.io/instance": "heapsrv"}}})
     spec = {"podName": "heapsrv", "targetNode": "node-b", "mode": "decoupled", "transport": "registry",
-            "compression": "none", "timeouts": {"checkpointSeconds": 120, "restoreSeconds": 300}}  # fmt: skip
+            "compression": "none", "restorePath": "auto",
+            "timeouts": {"checkpointSeconds": 120, "restoreSeconds": 300}}  # fmt: skip
     phases = [{"name": n, "started": 1.0, "ended": 2.0} for n in ("validate", "checkpoint", "restore")]
     record = {
         "status": "rolling_back", "id": "20261201000000-abcdef", "phase": "restore", "spec": spec,
         "source": "node-a", "target": "node-b", "containers": ["server"], "restored": "heapsrv-mabcdef",
-        "services": {"web": {"app": "heapsrv"}}, "phases": phases, "done": ["validate", "checkpoint"],
-        "rollbacks": [],
+        "restore_path": "cri", "services": {"web": {"app": "heapsrv"}}, "phases": phases,
+        "done": ["validate", "checkpoint"], "rollbacks": [],
         "error": {"message": "restore failed: CreateContainerError"}, "owner": "dead-operator",
     }  # fmt: skip
     meta = {"name": "crashed", "namespace": NS, "resourceVersion": "1"}
@@ -439,9 +593,9 @@ def test_an_operator_that_died_mid_rollback_finishes_the_rollback_not_the_migrat
                         "spec": spec, "status": {"phase": "Restoring", "record": record}})  # fmt: skip
     st = c.wait_phase("crashed", "RolledBack", "Failed", "Completed")
     assert st["phase"] == "RolledBack", st
-    assert not archive.exists() and c.kubelets["node-a"].calls == []  # undone, nothing redone
+    assert not archive.exists() and c.kubelet("node-a").calls == []  # undone, nothing redone
     assert c.api.get(k.services(NS, "web"))["spec"]["selector"] == {"app": "heapsrv"}  # type: ignore[index]
     pod = c.api.get(k.pods(NS, "heapsrv"))
     assert pod is not None and "podmigrate.io/migration" not in pod["metadata"].get("annotations", {})
-    assert c.heap_digests("node-a", "heapsrv") == before
+    assert same_process(before, c.state("node-a"))
     assert [r["phase"] for r in st["record"]["rollbacks"]] == ["restore", "checkpoint"]

@@ -18,7 +18,7 @@ import pytest
 from podmigrate.errors import TransportError
 from podmigrate.transport import registry
 from tests.conftest import wait_for
-from tests.k8s_sim import free_port, self_signed_cert
+from tests.tls_helpers import free_port, self_signed_cert
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from podmigrate import layout
+from podmigrate.client import AgentClient
 from podmigrate.errors import LabError
 from podmigrate.k8s import agent as node_agent
 from podmigrate.k8s import api as k
@@ -104,8 +105,7 @@ class KubeLab:
         self.api = self.apiserver.api()
         self._stack.callback(self.api.close)
         relay = containerd.listen(5000)
-        for s in relay:
-            self._stack.callback(s.close)
+        self._stack.callback(containerd.stop, relay)
         containerd.forward(relay, layout.REGISTRY)
         rc = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": RUNTIME_CLASS},
               "handler": containerd.RESTORE_HANDLER}  # fmt: skip
@@ -142,6 +142,11 @@ class KubeLab:
         })  # fmt: skip
         node = self.nodes[name] = Node(name, kubelet, server, checkpoints)
         return node
+
+    def agent(self, node: str) -> AgentClient:
+        """A client of ``node``'s agent, as the operator calls it."""
+        port = self.nodes[node].agent.server_address[1]
+        return AgentClient(node, None, self.agent_token, 900.0, base_url=f"http://127.0.0.1:{port}")
 
     # ------------------------------------------------------------------------------ operator
     def start_operator(self) -> None:

@@ -200,7 +200,10 @@ def _pipe(src: socket.socket, dst: socket.socket) -> None:
 
 def _serve(server: socket.socket, upstream: tuple[str, int]) -> None:
     while True:
-        client, _ = server.accept()
+        try:
+            client, _ = server.accept()
+        except OSError:  # closed (``stop``)
+            return
         try:
             up = socket.create_connection(upstream, timeout=10)
         except OSError:
@@ -225,6 +228,15 @@ def forward(servers: list[socket.socket], upstream: str) -> None:
     up_host, up_port = upstream.rsplit(":", 1)
     for s in servers:
         threading.Thread(target=_serve, args=(s, (up_host, int(up_port))), daemon=True).start()
+
+
+def stop(servers: list[socket.socket]) -> None:
+    """Stop listening: shut down first, which wakes a thread blocked in accept() (a close alone would
+    leave the socket listening as long as that thread holds it)."""
+    for s in servers:
+        with contextlib.suppress(OSError):
+            s.shutdown(socket.SHUT_RDWR)
+        s.close()
 
 
 def relay(port: int, upstream: str) -> None:
