@@ -23,12 +23,13 @@ from podmigrate import layout
 from podmigrate.cri import CRIClient
 from podmigrate.errors import CRIError, PodmigrateError
 from podmigrate.k8s import api as k
+from podmigrate.kubelab import example
 from podmigrate.kubelab.cluster import AGENT_NS, KubeLab
 from podmigrate.kubelab.kubelet import Kubelet, KubeletError
 from podmigrate.kubelab.pods import KUBELET_LABEL, PodWorker
 from podmigrate.lab.cluster import Lab
 from podmigrate.lab.containerd import NODE_REGISTRY
-from podmigrate.workload.image import ensure_workload_image, workload_image
+from podmigrate.workload.image import ensure_workload_image
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.lab
@@ -87,7 +88,7 @@ class Cluster:
         self.lab = lab
         self.kl = KubeLab(lab, tmp, kubelet_class=HookedKubelet, poll_s=0.05).start()
         self.api = self.kl.api
-        self.image = workload_image().replace(layout.REGISTRY, NODE_REGISTRY)
+        self.image = example.image()
         for node, ready in (("node-c", "False"),):  # a node that is not Ready (no kubelet)
             status = {"conditions": [{"type": "Ready", "status": ready}]}
             self.api.create(k.nodes(), {"metadata": {"name": node}, "status": status})
@@ -99,38 +100,13 @@ class Cluster:
 
     def start_workload(self, name: str = "heapsrv", node: str = "node-a", heap_mb: int = 16) -> dict[str, Any]:
         """The example pod (heap server + sidecar) and its Service; the heap's state once it answers."""
-        env = [{"name": "HEAP_MB", "value": str(heap_mb)}, {"name": "LISTEN", "value": "127.0.0.1:8090"}]
-        sidecar_env = [{"name": "LISTEN", "value": "0.0.0.0:8000"}, {"name": "UPSTREAM", "value": "127.0.0.1:8090"}]
-        self.api.create(k.pods(NS), {
-            "metadata": {"name": name, "namespace": NS, "labels": {"app": name}},
-            "spec": {"nodeName": node, "terminationGracePeriodSeconds": 2, "containers": [
-                {"name": "server", "image": self.image, "command": ["python3", "-u", "/app/heapsrv.py"], "env": env},
-                {"name": "sidecar", "image": self.image, "command": ["python3", "-u", "/app/sidecar.py"],
-                 "env": sidecar_env},
-            ]},
-        })  # fmt: skip
-        self.api.create(k.services(NS), {"metadata": {"name": "web", "namespace": NS},
-                                         "spec": {"selector": {"app": name}, "ports": [{"port": 80}]}})  # fmt: skip
-        wait_for(lambda: k.pod_ready(self.api.get(k.pods(NS, name)) or {}), 120, f"{name} ready")
-        return self.state(node)
+        return example.start_example(self.api, name, node, heap_mb)
 
-    def state(self, node: str, timeout: float = 60) -> dict[str, Any]:
-        """GET /state through the pod's sidecar at its address (the node's: pods use its network)."""
-
-        def get() -> dict[str, Any] | None:
-            try:
-                out: dict[str, Any] = httpx.get(f"http://{layout.node_ip(node)}:8000/state", timeout=3).json()
-                return out
-            except (httpx.HTTPError, ValueError):
-                return None
-
-        return wait_for(get, timeout, f"the heap server's state on {node}", step=0.2)
+    def state(self, node: str) -> dict[str, Any]:
+        return example.state(node, timeout=60)
 
     def migrate(self, name: str, spec: dict[str, Any]) -> None:
-        meta = {"name": name, "namespace": NS, "resourceVersion": "1"}
-        self.api.create(
-            PLMS, {"apiVersion": "podmigrate.io/v1alpha1", "kind": "PodLiveMigration", "metadata": meta, "spec": spec}
-        )
+        example.migrate(self.api, name, spec)
 
     def status(self, name: str) -> dict[str, Any]:
         return (self.api.get(f"{PLMS}/{name}") or {}).get("status") or {}
@@ -366,6 +342,7 @@ def test_a_failure_at_each_step_rolls_back_and_keeps_the_source(cluster: Cluster
         assert "vanished" in message
     if fault == "containerd-killed":
         assert "not ready after 20 s" in message or "CRI" in message, message
+
         # the runtime comes back (the lab restarts it), and the kubelet removes the copy's sandbox
         def cleaned() -> bool:
             try:

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from podmigrate.bench import stats, suite
+from podmigrate.bench import k8s, stats, suite
 from podmigrate.bench.plots import draw
 from podmigrate.bench.study import fmt, side_by_side, study_markdown, study_tables
 
@@ -32,8 +32,8 @@ DEFINITION = (
 def build(out_dir: Path) -> dict[str, Any]:
     """The report of a suite (``suite.jsonl``), an engine benchmark or sweep (``bench.json``), or both."""
     rows = suite.load(out_dir)
-    if not rows and not (out_dir / "bench.json").exists():
-        raise FileNotFoundError(f"no results in {out_dir}: neither suite.jsonl nor bench.json")
+    if not rows and not (out_dir / "bench.json").exists() and not (out_dir / "k8s.json").exists():
+        raise FileNotFoundError(f"no results in {out_dir}: no suite.jsonl, bench.json or k8s.json")
     mach = json.loads((out_dir / "machine.json").read_text()) if (out_dir / "machine.json").exists() else {}
     measured = [r for r in rows if not r["warmup"]]
     groups = sorted({r["group"] for r in measured})
@@ -73,9 +73,13 @@ def build(out_dir: Path) -> dict[str, Any]:
         "quality": quality,
         "engine": engine,
         "study_tables": study_tables(measured, desc, at_cut, tests, engine),
+        "k8s": json.loads((out_dir / "k8s.json").read_text()) if (out_dir / "k8s.json").exists() else None,
     }
     (out_dir / "report.json").write_text(json.dumps(result, indent=2))
-    made = draw(rows, out_dir)
+    made = draw(rows, out_dir) if rows else []
+    k8s_result: dict[str, Any] | None = result["k8s"]  # type: ignore[assignment]
+    if k8s_result and (k8s_plot := k8s.draw(k8s_result, out_dir)):
+        made.append(k8s_plot)
     md = markdown(result, made)
     (out_dir / "report.md").write_text(md)
     (out_dir / "report.html").write_text(html(md, made))
@@ -155,6 +159,8 @@ def markdown(r: dict[str, Any], plots: list[Path]) -> str:
             lines.append(
                 f"| {e['heap_mb']} | {e['method']} | {e['n']} | {e['blackout_s']} | {_f(e.get('blackout_cutover_s'))} |"
             )
+    if r.get("k8s"):
+        lines += ["", *k8s.markdown(r["k8s"])]
     lines += study_markdown(r["study_tables"])
     q = r["quality"]
     lines += [

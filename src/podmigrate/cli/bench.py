@@ -159,6 +159,42 @@ def bench_suite(
     err.print(f"results and report: {out_path}/ (report.md, report.html, suite.jsonl)")
 
 
+@bench.command("k8s")
+@click.option("--heaps", default="64,1024", show_default=True, help="Heap sizes in MB, comma-separated.")
+@click.option("--runs", default=5, show_default=True, type=click.IntRange(1, 1000), help="Runs per method and heap.")
+@click.option(
+    "--methods",
+    default=None,
+    help="Comma-separated subset of decoupled/cri, decoupled/runtimeclass, stop-copy/cri, stop-copy/runtimeclass, "
+    "cold [default: all].",
+)
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(0, 100))
+@click.option("--lab", "lab_name", default="k8s", show_default=True, help="A lab with containerd nodes (made if down).")
+@click.option("--out", "out_dir", type=click.Path(), default=None, help="[default: results/k8s-TIMESTAMP]")
+def bench_k8s(heaps: str, runs: int, methods: str | None, warmup: int, lab_name: str, out_dir: str | None) -> None:
+    """The Kubernetes path: PodLiveMigrations on real kubelets over containerd, N per heap and method
+    (cri and runtimeclass restore), interleaved; then the report with its phase breakdown."""
+    import time
+    from pathlib import Path
+
+    from podmigrate.bench import k8s, report
+
+    out_path = Path(out_dir or f"results/k8s-{time.strftime('%Y%m%d-%H%M%S')}")
+    heap_list = [int(h) for h in heaps.split(",") if h]
+    with status("Kubernetes path") as rep:
+        chosen = [m for m in methods.split(",") if m] if methods else list(k8s.METHODS)
+        result = k8s.run(lab_name, out_path, heap_list, chosen, runs, warmup, rep)
+    report.build(out_path)
+    t = Table("heap MB", "method", "n", "kept", "blackout s", "drift s", "total s", *k8s.PHASES)
+    for row in result["table"]:
+        med = [f"{row['phase_median_s'][p]:.3f}" if p in row["phase_median_s"] else "" for p in k8s.PHASES]
+        t.add_row(str(row["heap_mb"]), row["method"], str(row["n"]), str(row["state_kept"]),
+                  *(f"{row[x]['median']:.3f}" if row[x].get("n") else "" for x in ("blackout_s", "drift_s", "total_s")),
+                  *med)  # fmt: skip
+    out.print(t)
+    err.print(f"results and report: {out_path}/ (report.md, k8s.json, k8s.jsonl, k8s-phases.png)")
+
+
 @click.command("report")
 @click.argument("results_dir", type=click.Path(exists=True, file_okay=False))
 def report_cmd(results_dir: str) -> None:
