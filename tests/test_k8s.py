@@ -415,25 +415,39 @@ def test_invalid_specs_fail_with_a_message_that_names_the_field(cluster: Cluster
 
 
 def test_the_operator_restores_through_the_runtimeclass_where_cri_restore_is_gone(cluster: Cluster) -> None:
-    """A target that reports containerd 2.4 (CRI restore removed): auto takes the RuntimeClass; with
-    no RuntimeClass either, the migration fails before anything is frozen, saying why."""
+    """There through CRI (containerd 2.1); back to a node that reports containerd 2.4 (CRI restore
+    removed): auto takes the RuntimeClass, with the pod's own images (not the first hop's checkpoint
+    images, deleted since). With no RuntimeClass either, the migration fails before anything is frozen."""
     c = cluster
     before = c.start_workload()
+    c.migrate("there", {"podName": "heapsrv", "targetNode": "node-b"})
+    st = c.wait_phase("there", "Completed", "Failed", "RolledBack")
+    assert st["phase"] == "Completed" and st["restorePath"] == "cri", st
     info = {"status": {"nodeInfo": {"containerRuntimeVersion": "containerd://2.4.0"}}}
-    c.api.patch(k.nodes("node-b") + "/status", info)
-    c.migrate("auto", {"podName": "heapsrv", "targetNode": "node-b"})
-    st = c.wait_phase("auto", "Completed", "Failed", "RolledBack")
+    c.api.patch(k.nodes("node-a") + "/status", info)
+    c.migrate("back", {"podName": st["restoredPod"]["name"], "targetNode": "node-a"})
+    st = c.wait_phase("back", "Completed", "Failed", "RolledBack")
     assert st["phase"] == "Completed" and st["restorePath"] == "runtimeclass", st
     assert any(r == "RestorePath" and "removed in 2.4" in m for r, m in c.events())
-    assert same_process(before, c.state("node-b"))
+    assert same_process(before, c.state("node-a"))
+    pod = c.api.get(k.pods(NS, st["restoredPod"]["name"]))
+    assert pod is not None and {x["image"] for x in pod["spec"]["containers"]} == {c.image}
     c.api.delete(f"{RCS}/podmigrate")
-    c.api.patch(k.nodes("node-a") + "/status", info)
-    c.migrate("nowhere", {"podName": st["restoredPod"]["name"], "targetNode": "node-a"})
+    c.api.patch(k.nodes("node-b") + "/status", info)
+    calls = len(c.kubelet("node-a").calls)
+    c.migrate("nowhere", {"podName": st["restoredPod"]["name"], "targetNode": "node-b"})
     st = c.wait_phase("nowhere", "Failed", "Completed", "RolledBack")
     assert st["phase"] == "Failed" and st["reason"] == "UnsupportedRuntime", st
-    assert "node 'node-a' cannot restore a checkpoint" in st["message"] and "removed in 2.4" in st["message"]
+    assert "node 'node-b' cannot restore a checkpoint" in st["message"] and "removed in 2.4" in st["message"]
     assert "no podmigrate RuntimeClass" in st["message"]
-    assert c.kubelet("node-b").calls == []  # refused before any checkpoint
+    assert len(c.kubelet("node-a").calls) == calls  # refused before any checkpoint
+    # and a cold restart of the RuntimeClass copy starts the pod's own images, without the class
+    c.migrate("cold", {"podName": pod["metadata"]["name"], "targetNode": "node-b", "mode": "cold"})
+    st = c.wait_phase("cold", "Completed", "Failed", "RolledBack")
+    assert st["phase"] == "Completed", st
+    fresh = c.api.get(k.pods(NS, st["restoredPod"]["name"]))
+    assert fresh is not None and "runtimeClassName" not in fresh["spec"]
+    assert not [a for a in fresh["metadata"]["annotations"] if a.startswith("io.podmigrate.")]
 
 
 def test_the_runtimeclass_refuses_a_restore_it_cannot_do_instead_of_starting_fresh(cluster: Cluster) -> None:

@@ -135,3 +135,67 @@ def markdown(s: dict[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def run_kubernetes(lab_name: str, heap_mb: int, out_dir: Path, report: Report = lambda _m: None) -> dict[str, Any]:
+    """The Kubernetes path, watched: containerd nodes, the emulated API server, a kubelet and an agent
+    per node, the operator; the example pod (heap server + sidecar) applied on node-a, then moved to
+    node-b by a PodLiveMigration restored through CRI, and back through the podmigrate RuntimeClass.
+    ``report`` gets every phase change of each PodLiveMigration as it happens."""
+    from podmigrate.bench.k8s import k8s_lab
+    from podmigrate.kubelab import example
+    from podmigrate.kubelab.cluster import KubeLab
+
+    lab = k8s_lab(lab_name, report)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report("starting the Kubernetes lab: API server (emulated), kubelets on containerd, agents, operator")
+    kl = KubeLab(lab, out_dir / "kubelab").start()
+    moves: list[dict[str, Any]] = []
+    try:
+        report(f"applying the example pod heapsrv ({heap_mb} MB heap + sidecar) on node-a")
+        start = example.start_example(kl.api, "heapsrv", "node-a", heap_mb)
+        pod, node = "heapsrv", "node-a"
+        for name, target, path in (("heapsrv-to-b", "node-b", "cri"), ("heapsrv-to-a", "node-a", "runtimeclass")):
+            report(f"kubectl apply PodLiveMigration {name}: {pod} -> {target}, restorePath {path}")
+            spec = {"podName": pod, "targetNode": target, "restorePath": path,
+                    "timeouts": {"checkpointSeconds": 600, "restoreSeconds": 600}}  # fmt: skip
+            example.migrate(kl.api, name, spec)
+
+            def shown(st: dict[str, Any], name: str = name) -> None:
+                report(f"{name}: {st.get('phase', 'Pending')}  {st.get('message', '')}")
+
+            st = example.wait_final(kl.api, name, timeout=1800, on_change=shown)
+            after = example.state(target, timeout=120 + heap_mb / 4) if st.get("phase") == "Completed" else {}
+            moves.append({"name": name, "from": node, "to": target, "status": st, "state_after": after})
+            if st.get("phase") != "Completed":
+                break
+            pod, node = st["restoredPod"]["name"], target
+    finally:
+        kl.close()
+    summary = {
+        "heap_mb": heap_mb,
+        "machine": machine(),
+        "sha256": start["sha256"],
+        "state_kept": bool(moves)
+        and all(
+            m["state_after"].get("sha256") == start["sha256"] and m["state_after"].get("started") == start["started"]
+            for m in moves
+        ),
+        "migrations": [
+            {
+                "name": m["name"],
+                "from": m["from"],
+                "to": m["to"],
+                "phase": m["status"].get("phase"),
+                "restore_path": m["status"].get("restorePath"),
+                "phase_s": m["status"].get("phaseTimings") or {},
+                "blackout_s": m["status"].get("blackoutSeconds"),
+                "drift_s": m["status"].get("driftSeconds"),
+                "bytes": m["status"].get("bytes"),
+                "message": m["status"].get("message"),
+            }
+            for m in moves
+        ],
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary

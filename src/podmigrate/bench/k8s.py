@@ -36,7 +36,7 @@ def k8s_lab(name: str, report: Report) -> Lab:
     if lab.is_up() and lab.config().get("runtime") != "containerd":
         raise LabError(
             f"lab {name!r} is up with Podman; the Kubernetes path needs containerd nodes",
-            hint=f"use another --lab, or: podmigrate lab down --name {name}",
+            hint=f"use another --lab, or: podmigrate --lab {name} lab down",
         )
     if not lab.is_up():
         lab.up(nodes=2, runtime="containerd", report=report)

@@ -6,12 +6,16 @@ Neighbours: ``k8s.phases`` creates and deletes pods with these; ``k8s.api`` talk
 from __future__ import annotations
 
 import copy
+import json
 import time
 from typing import Any
 
 from podmigrate.errors import PodmigrateError
 from podmigrate.k8s import api as k
 from podmigrate.k8s.context import INSTANCE, Ctx
+
+ORIGINAL = "podmigrate.io/original"  # the pod's own images and RuntimeClass, kept across copies
+RESTORE_PREFIX = "io.podmigrate."  # what one RuntimeClass restore needed: never carried to the next copy
 
 # pod states from which a restore will not recover by waiting
 FATAL_WAITING = (
@@ -42,11 +46,24 @@ def pod_copy(src: dict[str, Any], name: str, node: str, images: dict[str, str], 
     if "nodeSelector" in spec:  # a selector pinned to the source's hostname would make the kubelet refuse it
         spec["nodeSelector"].pop("kubernetes.io/hostname", None)
     spec["nodeName"] = node
+    annotations = {
+        k: v for k, v in (src["metadata"].get("annotations") or {}).items() if not k.startswith(RESTORE_PREFIX)
+    }
+    # a copy runs checkpoint images (cri) or the podmigrate RuntimeClass; the next copy of it, a cold
+    # restart or a restarted source must get the pod's own images and class back, not those
+    original = json.loads(annotations.get(ORIGINAL, "null")) or {
+        "images": {c["name"]: c["image"] for c in spec["containers"]},
+        "runtimeClassName": spec.get("runtimeClassName"),
+    }
+    annotations[ORIGINAL] = json.dumps(original, sort_keys=True)
+    if original.get("runtimeClassName"):
+        spec["runtimeClassName"] = original["runtimeClassName"]
+    else:
+        spec.pop("runtimeClassName", None)
     for c in spec["containers"]:
+        c["image"] = images.get(c["name"]) or original["images"].get(c["name"], c["image"])
         if c["name"] in images:
-            c["image"] = images[c["name"]]
             c["imagePullPolicy"] = "IfNotPresent"
-    annotations = dict(src["metadata"].get("annotations") or {})
     if migration:
         annotations["podmigrate.io/restored-by"] = migration
     return {
