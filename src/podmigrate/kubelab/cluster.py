@@ -84,7 +84,7 @@ class KubeLab:
         if self.lab.config().get("runtime") != "containerd":
             raise LabError(
                 f"lab {self.lab.name!r} runs Podman; the Kubernetes lab needs containerd on its nodes",
-                hint=f"podmigrate --lab {self.lab.name} lab down; podmigrate --lab {self.lab.name} lab up --runtime containerd",
+                hint=f"podmigrate --lab {self.lab.name} lab down, then lab up --runtime containerd",
             )
         pid = self.lab.holder_pid()
         if pid is None:
