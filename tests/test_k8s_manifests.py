@@ -52,7 +52,8 @@ def test_kustomize_and_kubectl_render_the_same_valid_objects(tools: Path, tree: 
     if tree == "base":
         assert kinds == sorted(
             ["Namespace", "CustomResourceDefinition", "ServiceAccount", "ServiceAccount", "ClusterRole", "ClusterRole",
-             "ClusterRoleBinding", "ClusterRoleBinding", "ConfigMap", "Deployment", "Service", "DaemonSet", "RuntimeClass"]
+             "ClusterRoleBinding", "ClusterRoleBinding", "ConfigMap", "Deployment", "Service", "DaemonSet",
+             "RuntimeClass"]
         )  # fmt: skip
         assert all(
             d["metadata"].get("namespace") == "podmigrate-system"

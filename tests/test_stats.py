@@ -75,3 +75,24 @@ def test_an_engine_sweep_alone_regenerates_the_studys_heap_table(tmp_path):
     md = (tmp_path / "report.md").read_text()
     assert "The study's table 3" in md and "[36.78]" in md and "[24.31]" in md
     assert "The study's table 1" not in md  # no suite in this directory
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            '{"group": "cold", "blackout_s": 1.0, "warmup": false, "phase_s": {}}\n{"group": "co',
+            "line 2, is not a JSON",
+        ),
+        ("[1, 2]\n", "line 1, is not a suite row"),
+    ],
+)
+def test_a_damaged_results_directory_is_a_clear_error_not_a_traceback(tmp_path, content, message):
+    import subprocess
+    import sys
+
+    (tmp_path / "suite.jsonl").write_text(content)
+    p = subprocess.run([sys.executable, "-c", "from podmigrate.cli import main; main()", "report", str(tmp_path)],
+                       capture_output=True, text=True)  # fmt: skip
+    assert p.returncode == 1 and message in p.stderr.replace("\n", " ") and "Traceback" not in p.stderr, p.stderr
+    assert "delete that" in p.stderr or "suite's results directory" in p.stderr.replace("\n", " ")

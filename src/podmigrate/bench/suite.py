@@ -50,8 +50,27 @@ def machine(lab: Lab) -> dict[str, Any]:
 
 
 def load(out_dir: Path) -> list[dict[str, Any]]:
+    """The suite's rows; a damaged line is an error that names it (a run killed mid-write leaves one)."""
     f = out_dir / "suite.jsonl"
-    return [json.loads(line) for line in f.read_text().splitlines() if line.strip()] if f.exists() else []
+    if not f.exists():
+        return []
+    rows = []
+    for n, line in enumerate(f.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UsageError(
+                f"{f}, line {n}, is not a JSON record ({e.msg}): {line[:80]!r}",
+                hint="a run interrupted while writing leaves a partial last line: delete that line "
+                "(the suite resumes from the rows before it), then run the report again",
+            ) from None
+        if not isinstance(row, dict) or "group" not in row or "blackout_s" not in row:
+            raise UsageError(f"{f}, line {n}, is not a suite row (no group or blackout_s)",
+                             hint="is this a podmigrate suite's results directory?")  # fmt: skip
+        rows.append(row)
+    return rows
 
 
 def run(
