@@ -192,3 +192,13 @@ def test_a_slow_answer_before_the_run_does_not_shrink_it():
     b = blackout(recs, 100.0, 101.0)
     # up until the first failure was sent (100.04), back at the answer of probe 5 (100.105)
     assert b["blackout_s"] == pytest.approx(0.065)
+
+
+@pytest.mark.parametrize("name", ["web", "web-", "a..b", "Web_App", "-x", "x__y", "a" * 200, "名前", "db.1"])
+def test_any_container_name_makes_a_valid_distinct_repository(name):
+    from podmigrate.transport.registry import _COMPONENT, repository_component
+
+    got = repository_component(name)
+    assert _COMPONENT.match(got) and len(got) <= 128, got
+    others = {repository_component(n) for n in ("web", "web-", "web--", "Web")}
+    assert len(others) == 4  # names that clean to the same text stay apart

@@ -26,6 +26,7 @@ from podmigrate.engine.record import PhaseEntry, PlanDict, Record, Rollback, Sto
 from podmigrate.engine.runner import Phase, Runner, as_error
 from podmigrate.errors import AgentError, MigrationFailed, PodmigrateError, UsageError
 from podmigrate.lab.handle import LabHandle
+from podmigrate.transport.registry import repository_component
 
 __all__ = ["MODES", "TRANSPORTS", "Plan", "migrate", "parse_probe", "recover", "store_for"]
 
@@ -139,7 +140,7 @@ def new_record(plan: Plan) -> Record:
         "created": time.time(),
         "controller_pid": os.getpid(),
         "plan": cast(PlanDict, plan.__dict__.copy()),
-        "reference": f"{layout.REGISTRY}/podmigrate/checkpoints/{plan.workload.lower()}:{mid}",
+        "reference": f"{layout.REGISTRY}/podmigrate/checkpoints/{repository_component(plan.workload)}:{mid}",
     }
 
 

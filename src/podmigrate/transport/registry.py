@@ -11,8 +11,10 @@ client is ``transport.oci``; siblings ``transport.stream`` and ``transport.archi
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -79,6 +81,19 @@ if TYPE_CHECKING:
 
     def _conforms(t: RegistryTransport) -> Transport:
         return t
+
+
+_COMPONENT = re.compile(r"^[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*$")  # a path component (OCI distribution spec)
+
+
+def repository_component(name: str) -> str:
+    """``name`` as one component of a repository path. Container names may end in '-', hold '..' or
+    capitals, which no registry accepts; those become a cleaned name plus a hash of the original, so
+    two names never share a repository and the push cannot fail after the freeze for a name."""
+    if _COMPONENT.match(name) and len(name) <= 128:
+        return name
+    clean = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:100] or "workload"
+    return f"{clean}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
 
 
 def checkpoint_annotations(container: str, extra: dict[str, str] | None = None) -> dict[str, str]:
