@@ -18,7 +18,9 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import os
 import re
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -155,6 +157,10 @@ class World:
                         f.skip -= 1
                         continue
                     f.times -= 1
+                    if f.kind == "signal":  # delivered to this process; its handler runs in the main thread
+                        for name in f.message.split(","):
+                            os.kill(os.getpid(), getattr(signal, name))
+                        break
                     if f.kind == "die":
                         raise ControllerDied(f"{f.message} ({request.method} {request.url.path} on {agent})")
                     if f.kind == "unreachable":

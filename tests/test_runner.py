@@ -226,3 +226,34 @@ def test_a_request_that_validate_refuses_leaves_no_record_and_changes_nothing(la
     assert store_for(lab).list() == []
     assert_serves_on(lab, "node-a", before)
     assert not any(m != "GET" for _, m, _ in lab.world.calls)
+
+
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_during_a_migration_rolls_it_back_at_once(lab, sig):
+    before = started(lab)
+    lab.world.fail("node-b", "POST", r"/pull$", kind="signal", message=sig)  # mid-migration, source frozen
+    with pytest.raises(MigrationFailed, match=f"interrupted by {sig}.*rolled back, it runs on node-a"):
+        migrate(lab, Plan(workload="web", target="node-b"))
+    (rec,) = store_for(lab).list()
+    assert rec["status"] == "rolled_back" and rec["phase"] == "pull"
+    assert store_for(lab).active() == []
+    assert_serves_on(lab, "node-a", before)
+    assert_nothing_left(lab)
+
+
+def test_a_second_signal_stops_the_rollback_says_what_is_left_and_gc_finishes_it(lab):
+    before = started(lab)
+    lab.world.fail("node-b", "POST", r"/restore$", message="restore broke")
+    # two signals while the rollback deletes the pushed image: the first is only reported
+    lab.world.fail("node-a", "POST", r"^/v1/registry/delete$", kind="signal", message="SIGINT,SIGINT")
+    said: list[str] = []
+    with pytest.raises(MigrationFailed, match="stopped by a second SIGINT; undone so far: restore, pull") as e:
+        migrate(lab, Plan(workload="web", target="node-b"), said.append)
+    assert "podmigrate gc" in (e.value.hint or "")
+    assert any("send it again to stop the rollback" in m for m in said)
+    (left,) = store_for(lab).active()
+    assert left["status"] == "rolling_back"
+    (rec,) = recover(lab, store_for(lab))
+    assert rec["status"] == "rolled_back"
+    assert_serves_on(lab, "node-a", before)
+    assert_nothing_left(lab)

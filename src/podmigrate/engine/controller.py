@@ -24,6 +24,7 @@ from podmigrate.engine.phases.validate import parse_probe
 from podmigrate.engine.plans import PhaseName
 from podmigrate.engine.record import PhaseEntry, PlanDict, Record, Rollback, Store
 from podmigrate.engine.runner import Phase, Runner, as_error
+from podmigrate.engine.signals import Abandoned, interruptible
 from podmigrate.errors import AgentError, MigrationFailed, PodmigrateError, UsageError
 from podmigrate.lab.handle import LabHandle
 from podmigrate.transport.registry import repository_component
@@ -175,7 +176,18 @@ def migrate(lab: LabHandle, plan: Plan, report: Report = lambda _m: None) -> Rec
     try:
         runner = LabRunner(ctx, ctx.rec, store)
         rec = ctx.rec
-        runner.run()
+        try:
+            with interruptible(rec, report):
+                runner.run()
+        except Abandoned as e:
+            undone = [r["phase"] for r in rec["rollbacks"] if r.get("ok")]
+            raise MigrationFailed(
+                f"the rollback of migration {rec['id']} of {rec['workload']!r} was stopped by a second {e}; "
+                f"undone so far: {', '.join(undone) or 'nothing'}; the workload may still be frozen on "
+                f"{rec.get('source') or 'its node'}",
+                hint="`podmigrate gc` finishes the rollback from the saved record (so does the next migrate)",
+                details={"record": rec},
+            ) from None
         if rec["status"] == "completed":
             summary.summarize(rec)
             store.save(rec)
