@@ -257,3 +257,36 @@ def test_a_second_signal_stops_the_rollback_says_what_is_left_and_gc_finishes_it
     assert rec["status"] == "rolled_back"
     assert_serves_on(lab, "node-a", before)
     assert_nothing_left(lab)
+
+
+def holder(lab: FakeLab, workload: str) -> Any:
+    """Another process that holds a migration claim on ``workload`` until it is killed."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, time, pathlib; from podmigrate.lab.claims import Claims; "
+        f"Claims(pathlib.Path({str(lab.dir)!r})).take({workload!r}, 'other-mig'); print('held', flush=True); "
+        "time.sleep(60)"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None and p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_a_workload_another_process_migrates_is_refused_and_stop_leaves_it_alone(lab):
+    from podmigrate.workload import manage
+
+    before = started(lab)
+    p = holder(lab, "web")
+    try:
+        with pytest.raises(UsageError, match=r"'web' is already being migrated \(other-mig, pid \d+\)"):
+            migrate(lab, Plan(workload="web", target="node-b"))
+        with pytest.raises(UsageError, match="cannot stop 'web' while a migration runs: web \\(other-mig"):
+            manage.stop(lab, "web")
+        assert_serves_on(lab, "node-a", before)
+    finally:
+        p.kill()
+        p.wait()
+    rec = migrate(lab, Plan(workload="web", target="node-b"))  # a dead holder's claim is free
+    assert rec["status"] == "completed"

@@ -26,6 +26,7 @@ from podmigrate.engine.record import PhaseEntry, PlanDict, Record, Rollback, Sto
 from podmigrate.engine.runner import Phase, Runner, as_error
 from podmigrate.engine.signals import Abandoned, interruptible
 from podmigrate.errors import AgentError, MigrationFailed, PodmigrateError, UsageError
+from podmigrate.lab.claims import Claims
 from podmigrate.lab.handle import LabHandle
 from podmigrate.transport.registry import repository_component
 
@@ -173,6 +174,12 @@ def migrate(lab: LabHandle, plan: Plan, report: Report = lambda _m: None) -> Rec
                 hint="wait for it to finish",
             )
     ctx = Ctx(lab, store, new_record(plan), report)
+    claims = Claims(lab.dir)
+    try:
+        claims.take(plan.workload, ctx.rec["id"])  # atomic: the check above alone races another migrate
+    except UsageError:
+        ctx.close()
+        raise
     try:
         runner = LabRunner(ctx, ctx.rec, store)
         rec = ctx.rec
@@ -206,6 +213,7 @@ def migrate(lab: LabHandle, plan: Plan, report: Report = lambda _m: None) -> Rec
             details={"record": rec, **err.details},
         ) from runner.error
     finally:
+        claims.release(plan.workload, ctx.rec["id"])
         ctx.close()
 
 

@@ -13,6 +13,7 @@ from typing import Any
 
 from podmigrate import layout
 from podmigrate.engine.controller import recover, store_for
+from podmigrate.lab.claims import Claims
 from podmigrate.lab.cluster import Report
 from podmigrate.lab.handle import LabHandle
 from podmigrate.workload import manage
@@ -24,7 +25,9 @@ def collect(lab: LabHandle, dry_run: bool = False, report: Report = lambda _m: N
     store = store_for(lab)
     if not dry_run:
         recover(lab, store, report)
-    active = {r["id"] for r in store.active()}
+    # what a migration running right now holds is not garbage, even before its first record is saved
+    busy = Claims(lab.dir).busy()
+    active = {r["id"] for r in store.active()} | {mid for mid, _ in busy.values()}
     found: dict[str, list[str]] = {"archives": [], "images": [], "containers": [], "routes": []}
     inv = manage.inventory(lab)
     running = {c["name"]: n for n, cs in inv.items() for c in cs if c["state"] == "running"}
@@ -38,6 +41,9 @@ def collect(lab: LabHandle, dry_run: bool = False, report: Report = lambda _m: N
                     if not dry_run:
                         agent.delete(f"/v1/checkpoints/{f['id']}")
             for c in inv[node]:
+                owner = c["pod"] or c["name"]
+                if owner in busy or any(c["name"].startswith(f"{w}-") for w in busy):
+                    continue  # a running migration's rollback copy or its new copy
                 if c["state"] != "running" and running.get(c["name"], node) != node:
                     found["containers"].append(f"{node}:{c['name']} ({c['state']}; runs on {running[c['name']]})")
                     if not dry_run:
@@ -59,7 +65,7 @@ def collect(lab: LabHandle, dry_run: bool = False, report: Report = lambda _m: N
                     found["images"].append(ref)
                     if not dry_run:
                         node_agent.post("/v1/registry/delete", {"reference": ref})
-        for r in lan.get("/v1/routes"):
+        for r in lan.get("/v1/routes") if not busy else []:  # a running migration moves routes
             dst = str(r["dst"])
             if "/" not in dst and layout.in_workload_subnet(dst) and dst not in held:
                 found["routes"].append(f"{dst} via {r['via']}")

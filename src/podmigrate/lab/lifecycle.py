@@ -20,6 +20,7 @@ import podmigrate
 from podmigrate import layout
 from podmigrate.errors import LabError, PreflightError, UsageError
 from podmigrate.lab import host, preflight
+from podmigrate.lab.claims import Claims
 from podmigrate.lab.host import Report
 
 if TYPE_CHECKING:
@@ -181,6 +182,7 @@ def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -
 
 
 def down(lab: Lab, report: Report = lambda _m: None) -> None:
+    Claims(lab.dir).refuse_if_busy(f"take lab {lab.name!r} down")  # it would kill the migration's agents mid-way
     cg = lab.cgroup
     if cg.exists():
         report(f"stopping every process of lab {lab.name!r}")

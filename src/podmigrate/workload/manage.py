@@ -16,6 +16,7 @@ from typing import Any
 
 from podmigrate import layout
 from podmigrate.errors import PodmigrateError, UsageError
+from podmigrate.lab.claims import Claims
 from podmigrate.lab.cluster import Lab, Report
 from podmigrate.lab.handle import LabHandle
 from podmigrate.runtime.base import ContainerInfo
@@ -219,6 +220,7 @@ def state(lab: LabHandle, name: str) -> dict[str, Any]:
 
 
 def stop(lab: LabHandle, name: str) -> dict[str, Any]:
+    Claims(lab.dir).refuse_if_busy(f"stop {name!r}", {name})  # it would delete the rollback copy
     inv = inventory(lab)
     removed: list[str] = []
     ips: set[str] = set()
