@@ -49,7 +49,8 @@ def run(
     records = []
     for target in ("node-b", "node-a"):
         report(f"migrating {name!r} to {target}")
-        records.append(migrate(lab, Plan(workload=name, target=target), report))
+        # the stream transport: what `podmigrate migrate` does by default, the fastest with zero drift
+        records.append(migrate(lab, Plan(workload=name, target=target, transport="stream"), report))
     final = manage.state(lab, name)
     digests = [start["sha256"], *(r["state_after"]["sha256"] for r in records), final["sha256"]]
     counters = [

@@ -28,11 +28,13 @@ from podmigrate.cli.output import emit, err, out, status
 )
 @click.option(
     "--transport",
-    default="registry",
+    default="stream",
     show_default=True,
     type=click.Choice(["registry", "stream", "archive"]),
-    help="registry: an OCI checkpoint image through the lab registry; stream: memory pages into the target's "
-    "CRIU page server during the dump, the rest agent to agent; archive: podman's export/import with a copy.",
+    help="stream (the fastest with zero drift): memory pages into the target's CRIU page server during the "
+    "dump, the rest agent to agent; registry: an OCI checkpoint image through the lab registry (what a "
+    "cluster does, and it leaves the checkpoint restorable later); archive: podman's export/import with a "
+    "copy. Pods always move as archives.",
 )
 @click.option(
     "--compression",
