@@ -98,6 +98,7 @@ class Node:
     checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> snapshot
     reserved: set[str] = field(default_factory=set)  # checkpoint ids with memory warmed for them
     lazy: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> source's lazy dump
+    facts: dict[str, Any] = field(default_factory=dict)  # overrides of what GET /v1/info reports
 
 
 class World:
@@ -199,7 +200,7 @@ class World:
         @app.route("GET", "/v1/info")
         def info(p: dict[str, str], b: dict[str, Any]) -> Any:
             return {"name": name, "criu": "4.2.1", "podman": "5.4.2", "runc": "1.3.0", "disk_free_bytes": 10 << 30,
-                    "capabilities": dict(CAPABILITIES)}  # fmt: skip
+                    "mem_available_bytes": 16 << 30, "capabilities": dict(CAPABILITIES), **node.facts}  # fmt: skip
 
         @app.route("GET", "/v1/containers")
         def containers(p: dict[str, str], b: dict[str, Any]) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -411,3 +412,29 @@ def test_a_small_suite_produces_a_valid_report(lab, tmp_path):
     ):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "data:image/png;base64," in (tmp_path / "report.html").read_text()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--network", "mig", "-v", "/var/tmp:/data"], "bind /var/tmp -> /data: their files stay on the source"),
+        (["--network", "mig", "-p", "18080:8000"], "publishes ports ['8000/tcp']"),
+        ([], "is on network 'podman', not the lab's 'mig'"),
+        (["--network", "mig", "--device", "/dev/null:/dev/xnull"], "uses host devices ['/dev/null']"),
+    ],
+    ids=["bind-mount", "published-port", "default-network", "device"],
+)
+def test_what_cannot_move_with_a_container_is_refused_before_anything_is_frozen(lab, args, message):
+    name = "cannot-move"
+    lab.run("node-a", ["podman", "rm", "-f", "-t", "0", name], check=False)
+    lab.run("node-a", ["podman", "run", "-d", "--name", name, *args, "-e", "HEAP_MB=8", workload_image()])
+    store = store_for(lab)
+    known = {r["id"] for r in store.list()}
+    try:
+        with pytest.raises(UsageError, match=re.escape(message)):
+            migrate(lab, Plan(workload=name, target="node-b", probe="tcp:8000"))
+        state = lab.run("node-a", ["podman", "inspect", "-f", "{{.State.Status}}", name]).stdout.strip()
+        assert state == "running"  # never checkpointed, never frozen
+        assert {r["id"] for r in store.list()} == known  # and no record: nothing happened
+    finally:
+        lab.run("node-a", ["podman", "rm", "-f", "-t", "0", name], check=False)

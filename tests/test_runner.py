@@ -3,6 +3,7 @@ no root, no CRIU, milliseconds per migration. The real lab tests prove the same 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -290,3 +291,27 @@ def test_a_workload_another_process_migrates_is_refused_and_stop_leaves_it_alone
         p.wait()
     rec = migrate(lab, Plan(workload="web", target="node-b"))  # a dead holder's claim is free
     assert rec["status"] == "completed"
+
+
+@pytest.mark.parametrize(
+    ("node", "facts", "transport", "message"),
+    [
+        ("node-b", {"mem_available_bytes": 300 << 20}, "stream", "node-b has 300 MiB of memory available"),
+        ("node-b", {"disk_free_bytes": 100 << 20}, "stream", "node-b has 100 MiB of disk free"),
+        ("node-a", {"disk_free_bytes": 100 << 20}, "registry", "node-a has 100 MiB of disk free"),
+        ("node-b", {"criu": "4.1.0"}, "stream", "node-b has CRIU 4.1.0, older than node-a's 4.2.1"),
+    ],
+    ids=["target-memory", "target-disk", "source-disk-for-the-archive", "older-criu"],
+)
+def test_a_migration_that_will_not_fit_is_refused_before_anything_is_frozen(lab, node, facts, transport, message):
+    before = started(lab)
+    lab.world.nodes[node].facts.update(facts)
+    if "criu" in facts:  # still >= 4.2 for the node check; older than the source's
+        lab.world.nodes["node-a"].facts["criu"] = "4.3.0"
+        message = message.replace("4.2.1", "4.3.0").replace("4.1.0", "4.2.1")
+        lab.world.nodes[node].facts["criu"] = "4.2.1"
+    with pytest.raises(UsageError, match=re.escape(message)):
+        migrate(lab, Plan(workload="web", target="node-b", transport=transport))
+    assert store_for(lab).list() == []
+    assert not [c for c in lab.world.calls if "/checkpoint" in c[2] and c[1] == "POST"]  # nothing dumped
+    assert_serves_on(lab, "node-a", before)

@@ -42,10 +42,17 @@ class Reservations:
 
     def reserve_memory(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         cid, n = safe_id(p["cid"]), int(b["bytes"])
-        if n <= 0 or n > os.sysconf("SC_PHYS_PAGES") * mmap.PAGESIZE // 2:
-            raise UsageError(f"will not reserve {n} bytes: at most half of this machine's memory")
+        cap = os.sysconf("SC_PHYS_PAGES") * mmap.PAGESIZE // 2
         t0 = time.time()
         self.release(cid)
+        with self._guard:  # all reservations together: many migrations at once must not take the node's RAM
+            held = sum(len(m) for m in self._held.values())
+        if n <= 0 or held + n > cap:
+            raise UsageError(
+                f"will not reserve {n} bytes: {held} are reserved for other migrations, and all together may "
+                f"take at most half of this machine's memory ({cap})",
+                hint="the target is busy with other migrations: wait for them, or pick another node",
+            )
         m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         m[:: mmap.PAGESIZE] = bytes(-(-n // mmap.PAGESIZE))  # one write per page backs it
         with self._guard:

@@ -94,6 +94,7 @@ class NodeAgent:
             "pid": os.getpid(),
             "started": self.app.started,
             "disk_free_bytes": free.free,
+            "mem_available_bytes": _mem_available(),
             **self.rt.info(),
         }
 
@@ -276,3 +277,13 @@ class NodeAgent:
     def commit(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         with self.files.busy(p["cid"]):
             return stream.commit(self.files.archive(p["cid"]), b["sha256"])
+
+
+def _mem_available() -> int | None:
+    """The kernel's estimate of memory a new process can take without swapping (MemAvailable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            line = next(x for x in f if x.startswith("MemAvailable:"))
+        return int(line.split()[1]) * 1024
+    except (OSError, StopIteration, ValueError):
+        return None

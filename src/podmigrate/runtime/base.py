@@ -36,6 +36,9 @@ class RunSpec(TypedDict, total=False):
     network: str
     ip: str
     pod: str
+    mounts: list[dict[str, str]]  # type, source, destination (bind mounts and volumes)
+    devices: list[str]  # host device paths
+    ports: list[str]  # published ports ("8080/tcp")
 
 
 class NodeCapabilities(TypedDict):

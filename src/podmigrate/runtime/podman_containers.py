@@ -87,6 +87,13 @@ class PodmanContainers(PodmanCLI):
             "labels": info["labels"],
             "network": nets[0] if nets else "mig",
             "ip": info["ips"][0] if info["ips"] else "",
+            # what a restore on another node cannot bring along by itself (engine.phases.fit says why)
+            "mounts": [
+                {"type": m.get("Type", ""), "source": m.get("Source", ""), "destination": m.get("Destination", "")}
+                for m in d.get("Mounts") or []
+            ],
+            "devices": [x.get("PathOnHost", "") for x in (d.get("HostConfig") or {}).get("Devices") or []],
+            "ports": sorted(k for k, v in ((d.get("HostConfig") or {}).get("PortBindings") or {}).items() if v),
         }
 
     def _tasks(self, name: str) -> list[int]:

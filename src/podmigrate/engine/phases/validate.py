@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from podmigrate.engine.phases.context import Ctx
+from podmigrate.engine.phases.fit import check_fit, check_spec
 from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.workload import manage
 
@@ -56,7 +57,7 @@ def check_node(ctx: Ctx, node: str) -> None:
                 details={"node": node, "capabilities": caps},
             )
     rec.setdefault("nodes", {})[node] = {
-        **{k: info.get(k) for k in ("podman", "runc", "criu", "disk_free_bytes")},
+        **{k: info.get(k) for k in ("podman", "runc", "criu", "disk_free_bytes", "mem_available_bytes")},
         "capabilities": caps,
     }
 
@@ -122,18 +123,21 @@ def validate(ctx: Ctx) -> None:
     rec["service_addresses"] = list(c["ips"])
     for n in (loc.node, rec["target"]):
         check_node(ctx, n)
-    if rec["mode"] == "cold":
-        rec["spec"] = ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/spec")
+    if rec.get("scope") != "pod":
+        spec = ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/spec")
+        check_spec(spec, c["name"])
+        if rec["mode"] == "cold":
+            rec["spec"] = spec
+    rss = 0 if rec.get("scope") == "pod" else ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/memory")["rss_bytes"]
+    check_fit(ctx, rss)
     # The target needs the container's base image; fetching it now keeps it out of the blackout.
     rec["target_image"] = ctx.agent(rec["target"]).post("/v1/images", {"image": c["image"]})
-    if rec["mode"] in ("stop-copy", "decoupled") and rec.get("scope") != "pod":
-        # warm the target's memory for the restore now, outside the blackout (see the agent's
-        # reserve-memory); small containers are not worth it
-        rss = ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/memory")["rss_bytes"]
-        if rss >= 64 << 20:
-            rec["target_memory"] = ctx.agent(rec["target"]).post(
-                f"/v1/checkpoints/{rec['id']}/reserve-memory", {"bytes": rss}
-            )
+    # warm the target's memory for the restore now, outside the blackout (see the agent's
+    # reserve-memory); small containers are not worth it
+    if rec["mode"] in ("stop-copy", "decoupled") and rec.get("scope") != "pod" and rss >= 64 << 20:
+        rec["target_memory"] = ctx.agent(rec["target"]).post(
+            f"/v1/checkpoints/{rec['id']}/reserve-memory", {"bytes": rss}
+        )
     port = loc.port
     path_or_none: str | None = loc.probe_path or "/healthz"
     if rec["plan"].get("probe"):

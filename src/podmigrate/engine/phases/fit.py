@@ -1,0 +1,89 @@
+"""Will the migration fit? Checked at validate, before anything is frozen, so a refusal costs nothing.
+
+Each refusal says what is wrong and what to do:
+
+- what a checkpoint cannot carry to another node: bind mounts and named volumes (their files stay on
+  the source; CRIU would restore open files that are not there), host devices, published ports (the
+  port is the source host's, and the target's may be taken), and a network other than the lab's
+  ``mig`` (Podman's default NAT network has the same 10.88.0.0/16 on every node: the address is reachable
+  from no other node and may be taken on the target);
+- CRIU on the target older than the source's (a restore must read the images the dump wrote);
+- the target's available memory (the restore writes the whole resident set) and free disk (CRIU's
+  images land there, and the registry and archive transports write the archive on the source too:
+  about twice the resident set, with a margin).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from podmigrate import layout
+from podmigrate.engine.phases.context import Ctx
+from podmigrate.errors import UsageError
+
+MARGIN = 256 << 20  # what the target keeps for itself beyond the copy
+
+
+def _ver(v: Any) -> tuple[int, ...]:
+    return tuple(int(x) for x in str(v or "0").split(".")[:2] if x.isdigit())
+
+
+def check_spec(spec: dict[str, Any], name: str) -> None:
+    """Refuse what cannot move with the container (from its ``/v1/containers/NAME/spec``)."""
+    mounts = [m for m in spec.get("mounts") or [] if m.get("type") in ("bind", "volume")]
+    if mounts:
+        shown = ", ".join(f"{m['type']} {m.get('source') or '?'} -> {m['destination']}" for m in mounts)
+        raise UsageError(
+            f"{name!r} has {shown}: their files stay on the source node, so its copy would restore with files missing",
+            hint="migrate containers that keep their state inside them (no bind mounts or volumes); a "
+            "cold restart would not bring the files either",
+        )
+    if spec.get("devices"):
+        raise UsageError(
+            f"{name!r} uses host devices {spec['devices']}: the target's are other devices",
+            hint="start it without --device to migrate it",
+        )
+    if spec.get("ports"):
+        raise UsageError(
+            f"{name!r} publishes ports {spec['ports']} on its node: they do not follow it, and the target's may be "
+            "taken",
+            hint="reach it at its address on the lab network instead (no -p); its address moves with it",
+        )
+    net = spec.get("network")
+    if net and net != layout.WORKLOAD_NETWORK and not spec.get("pod"):
+        raise UsageError(
+            f"{name!r} is on network {net!r}, not the lab's {layout.WORKLOAD_NETWORK!r}: its address is private "
+            "to its node (Podman's default network has the same subnet everywhere)",
+            hint=f"start it with --network {layout.WORKLOAD_NETWORK} (podmigrate workload start does)",
+        )
+
+
+def check_fit(ctx: Ctx, rss: int) -> None:
+    """Versions between the nodes, and room on the target (and on the source for archive writers)."""
+    rec = ctx.rec
+    source, target = str(rec["source"]), str(rec["target"])
+    src, dst = rec["nodes"][source], rec["nodes"][target]
+    if _ver(dst.get("criu")) < _ver(src.get("criu")):
+        raise UsageError(
+            f"{target} has CRIU {dst.get('criu')}, older than {source}'s {src.get('criu')}: it may "
+            "not read the images the dump writes",
+            hint="upgrade CRIU on the target, or migrate the other way",
+        )
+    if rec["mode"] == "cold":
+        return
+    avail = dst.get("mem_available_bytes")
+    if avail is not None and rss + rss // 10 + MARGIN > avail:
+        raise UsageError(
+            f"{target} has {avail >> 20} MiB of memory available; the copy needs about "
+            f"{(rss + rss // 10) >> 20} MiB plus {MARGIN >> 20} MiB to spare",
+            hint="free memory on the target or pick another node",
+        )
+    need = 2 * rss + MARGIN
+    writers = [target] + ([source] if rec["transport"] in ("registry", "archive") else [])
+    for node in writers:
+        free = rec["nodes"][node].get("disk_free_bytes")
+        if free is not None and need > free:
+            raise UsageError(
+                f"{node} has {free >> 20} MiB of disk free; this checkpoint needs about {need >> 20} MiB there",
+                hint="free disk space on that node (podmigrate gc removes what failed migrations left)",
+            )
