@@ -202,3 +202,25 @@ def test_any_container_name_makes_a_valid_distinct_repository(name):
     assert _COMPONENT.match(got) and len(got) <= 128, got
     others = {repository_component(n) for n in ("web", "web-", "web--", "Web")}
     assert len(others) == 4  # names that clean to the same text stay apart
+
+
+def test_an_interrupted_debootstrap_is_started_over_not_reused(tmp_path, monkeypatch):
+    from podmigrate.errors import LabError
+    from podmigrate.lab import image
+
+    root = tmp_path / "rootfs"
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/bin/apt-get").write_text("")  # debootstrap got this far...
+    (root / "debootstrap").mkdir()  # ...and had not finished: it removes this directory last
+    ran: list[list[str]] = []
+
+    def run(self: Any, argv: list[str], step: str) -> None:
+        ran.append(argv)
+        raise LabError("stop here")
+
+    monkeypatch.setattr(image.NodeImage, "_run", run)
+    said: list[str] = []
+    with pytest.raises(LabError):
+        image.NodeImage(root).build(said.append)
+    assert ran and ran[0][0] == "debootstrap" and not (root / "debootstrap").exists()
+    assert any("interrupted debootstrap" in m for m in said)

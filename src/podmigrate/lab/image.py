@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -113,6 +114,11 @@ class NodeImage:
 
     def build(self, report: Report) -> None:
         self.root.parent.mkdir(parents=True, exist_ok=True)
+        if (self.root / "debootstrap").exists():
+            # debootstrap removes its work directory only when it finished: this one was interrupted,
+            # and what it left cannot be trusted (a later apt-get on it fails, or worse, works half)
+            report(f"removing an interrupted debootstrap in {self.root}")
+            shutil.rmtree(self.root)
         if not (self.root / "usr/bin/apt-get").exists():
             report(f"debootstrap {SUITE} (about a minute)")
             self._run(["debootstrap", "--variant=minbase", SUITE, str(self.root), MIRROR], "debootstrap")
