@@ -224,3 +224,15 @@ def test_an_interrupted_debootstrap_is_started_over_not_reused(tmp_path, monkeyp
         image.NodeImage(root).build(said.append)
     assert ran and ran[0][0] == "debootstrap" and not (root / "debootstrap").exists()
     assert any("interrupted debootstrap" in m for m in said)
+
+
+def test_the_agents_per_checkpoint_locks_do_not_grow_without_bound(tmp_path):
+    from podmigrate.agent.checkpoints import MAX_LOCKS, CheckpointDir
+
+    d = CheckpointDir(tmp_path)
+    held = d.busy("held")
+    with held:
+        for i in range(3 * MAX_LOCKS):
+            with d.busy(f"m{i}"):
+                pass
+        assert len(d._locks) <= MAX_LOCKS + 2 and d.busy("held") is held  # a held lock is never dropped

@@ -13,6 +13,8 @@ from typing import Any
 
 from podmigrate.agent.http import safe_id
 
+MAX_LOCKS = 256  # per-checkpoint locks kept before the free ones are dropped
+
 
 class CheckpointDir:
     """Where a checkpoint's archive, page images and lazy-restore work files live on this node."""
@@ -27,6 +29,9 @@ class CheckpointDir:
 
     def busy(self, cid: str) -> threading.Lock:
         with self._guard:
+            if len(self._locks) > MAX_LOCKS:  # a long run: forget the locks nobody holds
+                for k in [k for k, lock in self._locks.items() if not lock.locked()]:
+                    del self._locks[k]
             return self._locks.setdefault(safe_id(cid), threading.Lock())
 
     def archive(self, cid: str) -> Path:

@@ -52,6 +52,12 @@ class LazyPages:
         waker = self.wakers.pop(cid, None)
         if waker is not None:
             waker.stop()
+        # the source's dump job stays (abort-lazy ends it); finished ones and their ports are forgotten,
+        # so a long run does not grow these tables
+        src = self.jobs.get(f"src-{cid}")
+        if src is None or src.poll() is not None:
+            self.jobs.pop(f"src-{cid}", None)
+            self.lazy_ports.pop(cid, None)
 
     def _free_port(self) -> int:
         with socket.socket() as sk:
