@@ -358,6 +358,11 @@ def test_gc_finds_and_removes_leftovers_and_history_lists_migrations(lab, worklo
     assert gc.collect(lab, dry_run=True) == listed  # a dry run removes nothing
     gc.collect(lab)
     assert gc.summary(gc.collect(lab, dry_run=True)) == "nothing to collect"
+    from podmigrate.lab import registry_gc
+
+    freed = registry_gc.collect(lab)  # the stray image's tag is gone; now its 16 MB of blobs
+    assert freed["bytes_before"] - freed["bytes_after"] > 8 << 20, freed
+    assert manage.lan_get(lab, f"http://{layout.REGISTRY}/v2/")["ok"]  # and the registry serves again
     assert manage.state(lab, st["name"])["sha256"] == st["sha256"]
     res = CliRunner().invoke(
         __import__("podmigrate.cli").cli.main, ["history", "--json"], env={"PODMIGRATE_LAB": LAB_NAME}

@@ -236,3 +236,35 @@ def test_the_agents_per_checkpoint_locks_do_not_grow_without_bound(tmp_path):
             with d.busy(f"m{i}"):
                 pass
         assert len(d._locks) <= MAX_LOCKS + 2 and d.busy("held") is held  # a held lock is never dropped
+
+
+def test_a_held_connection_to_a_peer_that_vanished_stops_at_once():
+    """A peer that stops answering without a FIN (a retired source is cut off so) must not keep
+    closing the connection waiting for TCP_USER_TIMEOUT."""
+    import socket
+    import threading
+    import time
+
+    from podmigrate.agent.probe import KeepAlive
+
+    srv = socket.create_server(("127.0.0.1", 0))
+    port = srv.getsockname()[1]
+    accepted: list[socket.socket] = []
+
+    def serve() -> None:  # answers the first request, then reads and never answers again
+        c, _ = srv.accept()
+        accepted.append(c)
+        c.recv(4096)
+        body = b'{"counter": 1}'
+        c.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        c.recv(4096)
+
+    threading.Thread(target=serve, daemon=True).start()
+    held = KeepAlive("127.0.0.1", port, interval=0.05)
+    deadline = time.monotonic() + 10
+    while held.requests < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    t0 = time.monotonic()
+    st = held.stop()
+    assert time.monotonic() - t0 < 6 and st["requests"] >= 1
+    srv.close()

@@ -171,12 +171,19 @@ def gc(ctx: click.Context, dry_run: bool, as_json: bool) -> None:
 
     the_lab = get_lab(ctx)
     the_lab.require_up()
+    from podmigrate.lab import registry_gc
+
     with status("Collecting leftovers") as report:
         found = gc_mod.collect(the_lab, dry_run=dry_run, report=report)
+        if not dry_run:
+            report("freeing the registry's unreferenced blobs (the registry pauses)")
+            freed = registry_gc.collect(the_lab)
     if as_json:
-        click.echo(json.dumps(found, indent=2))
+        click.echo(json.dumps({**found, **({"registry": freed} if not dry_run else {})}, indent=2))
         return
     for kind, items in found.items():
         for item in items:
             out.print(f"{'would remove' if dry_run else 'removed'} {kind[:-1]} {item}")
     out.print(gc_mod.summary(found))
+    if not dry_run:
+        out.print(f"registry: {(freed['bytes_before'] - freed['bytes_after']) >> 20} MiB of blobs freed")
