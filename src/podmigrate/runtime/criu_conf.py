@@ -20,15 +20,20 @@ CRIU_CONF = Path("/etc/criu/runc.conf")
 CRIU_LOG = re.compile(r"(/\S+/userdata/(?:dump|restore)\.log)")
 
 # runc hands /etc/criu/runc.conf (node-private in the lab) to CRIU after its own options, which is
-# how podman's ordinary checkpoint/restore become page-server or lazy-pages ones; one at a time
-_lock = threading.Lock()
+# how podman's ordinary checkpoint/restore become page-server or lazy-pages ones. Every CRIU run on
+# the node takes this lock, with options or without: a dump or restore started while another
+# migration's options are in the file would take them (its pages sent to the other's page server),
+# and the early freezer (``runtime.freezer``) fires on whichever CRIU opens the file first. Concurrent
+# migrations on a node therefore take turns for their CRIU steps, and only for those.
+_lock = threading.RLock()
 
 
 @contextmanager
 def criu_options(*lines: str) -> Iterator[None]:
-    """Add ``lines`` to the node's CRIU configuration while the block runs (no lines: no change, no lock)."""
+    """Run the block as the node's only CRIU user, with ``lines`` added to its configuration."""
     if not lines:
-        yield
+        with _lock:
+            yield
         return
     with _lock:
         default = CRIU_CONF.with_name("runc.conf.default").read_text()

@@ -190,7 +190,8 @@ class PodmanContainers(PodmanCLI):
         if tcp_established:
             args.append("--tcp-established")
         t0 = time.time()
-        p = self._run(*args, name, what=f"restore of {name} in place")
+        with self.criu_options():
+            p = self._run(*args, name, what=f"restore of {name} in place")
         return {"started": t0, "ended": time.time(), "stats": parse_stats(p.stdout)}
 
     def restore_archive(

@@ -104,7 +104,8 @@ class PodmanPods(PodmanContainers):
                 args = ["container", "restore", "--import", str(archive), "--pod", pod, "--print-stats"]
                 if tcp_established:
                     args.append("--tcp-established")
-                stats[name] = parse_stats(self._run(*args, what=f"restore of {name} into pod {pod}").stdout)
+                with self.criu_options():
+                    stats[name] = parse_stats(self._run(*args, what=f"restore of {name} into pod {pod}").stdout)
         finally:
             self.pod_lock(pod, False)
         for spec in fresh or []:
