@@ -443,3 +443,41 @@ def test_what_cannot_move_with_a_container_is_refused_before_anything_is_frozen(
         assert {r["id"] for r in store.list()} == known  # and no record: nothing happened
     finally:
         lab.run("node-a", ["podman", "rm", "-f", "-t", "0", name], check=False)
+
+
+@pytest.mark.parametrize("on_target", ["missing", "same-name-other-image"])
+def test_a_container_of_an_image_made_on_the_source_alone_migrates_with_its_image(lab, on_target):
+    """Built or imported on the source only (podman build, commit, import, load): the target cannot pull
+    it, and an image of the same name there is another image; the image moves before the freeze."""
+    name, image = "localmade", "localhost/podmigrate-local:1"
+    for node in lab.nodes:
+        lab.run(node, ["podman", "rm", "-f", "-t", "0", name], check=False)
+        lab.run(node, ["podman", "rmi", "-f", image], check=False)
+    base = workload_image()
+    build = (
+        f"c=$(buildah from {base}) && buildah config --env MADE_HERE=1 $c >/dev/null && "
+        f"buildah commit -q $c {image} >/dev/null && buildah rm $c >/dev/null"
+    )
+    lab.run("node-a", ["sh", "-c", build])
+    if on_target == "same-name-other-image":
+        lab.run("node-b", ["podman", "pull", "-q", base])
+        lab.run("node-b", ["podman", "tag", base, image])
+    lab.run("node-a", ["podman", "run", "-d", "--name", name, "--network", "mig", "-e", "HEAP_MB=16", image])
+    ip = manage.locate(lab, name).ips[0]
+    manage.set_route(lab, ip, "node-a")
+    before: dict[str, Any] = wait_for(lambda: manage.read_state(lab, ip, timeout=2), 60, "the container answers")
+    said: list[str] = []
+    try:
+        rec = migrate(lab, Plan(workload=name, target="node-b", transport="stream", probe="tcp:8000"), said.append)
+        assert rec["status"] == "completed", rec.get("error")
+        assert any("moving image localhost/podmigrate-local:1" in m for m in said), said
+        assert rec["target_image"]["moved_bytes"] > 0
+        after = manage.read_state(lab, ip)
+        assert after is not None and after["sha256"] == before["sha256"] and after["started"] == before["started"]
+        src_id = lab.run("node-a", ["podman", "image", "inspect", "-f", "{{.Id}}", image]).stdout.strip()
+        dst_id = lab.run("node-b", ["podman", "image", "inspect", "-f", "{{.Id}}", image]).stdout.strip()
+        assert src_id == dst_id  # by ID: the source's image, not the one of the same name
+    finally:
+        manage.stop(lab, name)
+        for node in lab.nodes:
+            lab.run(node, ["podman", "rmi", "-f", image], check=False)

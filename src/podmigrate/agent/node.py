@@ -55,6 +55,8 @@ class NodeAgent:
             ("GET", "/v1/containers", self.containers),
             ("POST", "/v1/containers", self.run),
             ("POST", "/v1/images", self.ensure_image),
+            ("POST", "/v1/images/send", self.send_image),
+            ("POST", "/v1/images/load", self.load_image),
             ("POST", "/v1/pods", self.pod),
             ("GET", "/v1/pods/(?P<pod>[^/]+)", self.pod_info),
             ("POST", "/v1/pods/(?P<pod>[^/]+)/checkpoint", self.pod_checkpoint),
@@ -107,7 +109,28 @@ class NodeAgent:
 
     def ensure_image(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         t0 = time.time()
-        return {"image": b["image"], "pulled": self.rt.ensure_image(b["image"]), "seconds": time.time() - t0}
+        got = self.rt.ensure_image(b["image"], b.get("id", ""))
+        return {"image": b["image"], **got, "seconds": time.time() - t0}
+
+    def send_image(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        """The image (by ID) to another node's agent, as a checkpoint stream is sent (SHA-256 checked)."""
+        image_id, cid = str(b["id"]), f"image-{safe_id(str(b['id'])[:12])}"
+        archive = self.files.archive(cid)
+        try:
+            self.rt.save_image(image_id, archive)
+            os.chmod(archive, 0o600)
+            return {"checkpoint_id": cid, **self._send(self.stream, cid, archive, layout.node_ip(b["node"]))}
+        finally:
+            self.files.remove(cid)
+
+    def load_image(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        cid = safe_id(b["checkpoint_id"])
+        with self.files.busy(cid):
+            try:
+                self.rt.load_image(self.files.archive(cid), str(b["id"]), str(b.get("image", "")))
+            finally:
+                self.files.remove(cid)
+        return {"image": b.get("image"), "id": b["id"]}
 
     def pod(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         self.rt.create_pod(b["name"], b.get("network", layout.WORKLOAD_NETWORK))

@@ -21,6 +21,7 @@ class ContainerInfo(TypedDict):
     id: str
     state: str  # running, exited, created, paused, ...
     image: str
+    image_id: str  # what a restore needs on the target: this very image, not one of the same name
     ips: list[str]
     pod: str | None
     labels: dict[str, str]
@@ -60,7 +61,9 @@ class Runtime(Protocol):
     def info(self) -> dict[str, Any]: ...  # versions, ``capabilities()`` flattened, and ``capabilities``
     def capabilities(self) -> NodeCapabilities: ...  # what migrations this node can take part in
     def criu_options(self, *lines: str) -> AbstractContextManager[None]: ...  # CRIU options for the block
-    def ensure_image(self, image: str) -> bool: ...  # True when it had to pull
+    def ensure_image(self, image: str, image_id: str = "") -> dict[str, Any]: ...  # present/pulled/why
+    def save_image(self, image_id: str, archive: Path) -> None: ...  # an OCI archive of the image
+    def load_image(self, archive: Path, image_id: str, name: str) -> None: ...  # the same image here, or error
 
     # ---- containers
     def list_containers(self) -> list[ContainerInfo]: ...  # every container, running or not

@@ -44,6 +44,7 @@ class PodmanContainers(PodmanCLI):
             id=d["Id"],
             state=d["State"]["Status"],
             image=d.get("ImageName") or cfg.get("Image", ""),
+            image_id=d.get("Image", ""),
             ips=ips,
             pod=d.get("Pod") or None,
             labels=cfg.get("Labels") or {},
@@ -245,8 +246,39 @@ class PodmanContainers(PodmanCLI):
                 unlocked.append(parts[2])
         return {"woken": woken, "unlocked": unlocked, "thawed": thawed}
 
-    def ensure_image(self, image: str) -> bool:
-        if subprocess.run(["podman", "image", "exists", image]).returncode == 0:
-            return False
-        self._run("pull", "-q", image, what=f"pulling image {image}")
-        return True
+    def ensure_image(self, image: str, image_id: str = "") -> dict[str, Any]:
+        """The image here, by ``image_id`` when given (a same-named image built or imported on this node
+        alone is another image: a restore of the source's container would fail on it). Pulls ``image``
+        if need be; ``present`` False (with ``why``) when this node cannot get that image by itself."""
+        if image_id and self.has_image(image_id):
+            return {"present": True, "pulled": False}
+        if not image_id and subprocess.run(["podman", "image", "exists", image]).returncode == 0:
+            return {"present": True, "pulled": False}
+        p = subprocess.run(["podman", "pull", "-q", image], capture_output=True, text=True)
+        if p.returncode == 0 and (not image_id or self.has_image(image_id)):
+            return {"present": True, "pulled": True}
+        if not image_id:
+            self._run("pull", "-q", image, what=f"pulling image {image}")  # raises with podman's reason
+        why = (p.stderr.strip().splitlines() or ["?"])[-1] if p.returncode else f"{image} here is another image"
+        return {"present": False, "pulled": False, "why": why}
+
+    def has_image(self, image_id: str) -> bool:
+        p = subprocess.run(
+            ["podman", "image", "inspect", "--format", "{{.Id}}", image_id], capture_output=True, text=True
+        )
+        return p.returncode == 0 and p.stdout.strip() == image_id
+
+    def save_image(self, image_id: str, archive: Path) -> None:
+        self._run(
+            "save", "-q", "--format", "oci-archive", "-o", str(archive), image_id, what=f"saving image {image_id[:12]}"
+        )
+
+    def load_image(self, archive: Path, image_id: str, name: str) -> None:
+        """Load the source's image; refused unless it is the same image (its ID) after the load."""
+        self._run("load", "-q", "-i", str(archive), what="loading the source's image")
+        if not self.has_image(image_id):
+            raise RuntimeBackendError(
+                f"the image loaded from the source is not {image_id[:12]}", hint="the source's image changed meanwhile?"
+            )
+        if name and not name.startswith("sha256:") and name != image_id:
+            self._run("tag", image_id, name, what=f"tagging {image_id[:12]} as {name}")

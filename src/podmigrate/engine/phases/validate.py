@@ -96,6 +96,21 @@ def _pod(ctx: Ctx, loc: manage.Located) -> None:
         )
 
 
+def _image_on_target(ctx: Ctx, source: str, c: Any) -> dict[str, Any]:
+    """The container's very image (by ID) on the target: pulled there, or, when it was built or imported
+    on the source alone (or the target's same-named image is another one), sent from the source,
+    SHA-256 checked in transit and its ID checked after the load. All before the freeze."""
+    target, image_id = ctx.rec["target"], str(c.get("image_id") or "")
+    got: dict[str, Any] = ctx.agent(target).post("/v1/images", {"image": c["image"], "id": image_id})
+    if got.get("present", True) or not image_id:
+        return got
+    ctx.report(f"moving image {c['image']} ({image_id[:12]}) from {source} to {target}: {got.get('why')}")
+    sent = ctx.agent(source).post("/v1/images/send", {"id": image_id, "node": target})
+    body = {"checkpoint_id": sent["checkpoint_id"], "id": image_id, "image": c["image"]}
+    ctx.agent(target).post("/v1/images/load", body)
+    return {**got, "present": True, "moved_bytes": sent["bytes"]}
+
+
 def validate(ctx: Ctx) -> None:
     rec = ctx.rec
     lab = ctx.lab
@@ -131,7 +146,7 @@ def validate(ctx: Ctx) -> None:
     rss = 0 if rec.get("scope") == "pod" else ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/memory")["rss_bytes"]
     check_fit(ctx, rss)
     # The target needs the container's base image; fetching it now keeps it out of the blackout.
-    rec["target_image"] = ctx.agent(rec["target"]).post("/v1/images", {"image": c["image"]})
+    rec["target_image"] = _image_on_target(ctx, loc.node, c)
     # warm the target's memory for the restore now, outside the blackout (see the agent's
     # reserve-memory); small containers are not worth it
     if rec["mode"] in ("stop-copy", "decoupled") and rec.get("scope") != "pod" and rss >= 64 << 20:
