@@ -159,6 +159,37 @@ def bench_suite(
     err.print(f"results and report: {out_path}/ (report.md, report.html, suite.jsonl)")
 
 
+@bench.command("soak")
+@click.option("--migrations", default=200, show_default=True, type=click.IntRange(1, 100000))
+@click.option("--workloads", default=3, show_default=True, type=click.IntRange(1, 20), help="Migrating at once.")
+@click.option("--heap-mb", default=32, show_default=True, type=click.IntRange(1, 65536))
+@click.option("--out", "out_dir", type=click.Path(), default=None, help="[default: results/soak-TIMESTAMP]")
+@click.pass_context
+def bench_soak(ctx: click.Context, migrations: int, workloads: int, heap_mb: int, out_dir: str | None) -> None:
+    """N migrations in a row, several workloads at once, every mode and transport; leftovers and the
+    agents' memory growth at the end."""
+    import time
+    from pathlib import Path
+
+    from podmigrate.bench import soak
+
+    out_path = Path(out_dir or f"results/soak-{time.strftime('%Y%m%d-%H%M%S')}")
+    with status("Soak") as rep:
+        r = soak.run(get_lab(ctx), out_path, migrations, workloads, heap_mb, rep)
+    t = Table("migrations", "at once", "ok", "state kept", "state lost", "cold fresh", "leftovers", "agent RSS growth")
+    left = sum(len(v) for v in r["leftovers"].values())
+    growth = ", ".join(f"{n} {(r['agent_rss_bytes']['after'][n] - b) >> 10} KiB"
+                       for n, b in r["agent_rss_bytes"]["before"].items())  # fmt: skip
+    t.add_row(str(r["migrations"]), str(r["workloads"]), str(r["ok"]), str(r["state_kept"]), str(r["state_lost"]),
+              str(r["cold_fresh"]), str(left), growth)  # fmt: skip
+    out.print(t)
+    for f in r["failed"][:10]:
+        err.print(f"failed: {f['workload']} {f['mode']}/{f['transport']}: {f['error'][:200]}")
+    err.print(f"results: {out_path}/ (soak.json, soak.jsonl)")
+    if r["failed"] or r["state_lost"] or left:
+        sys.exit(2)
+
+
 @bench.command("k8s")
 @click.option("--heaps", default="64,1024", show_default=True, help="Heap sizes in MB, comma-separated.")
 @click.option("--runs", default=5, show_default=True, type=click.IntRange(1, 1000), help="Runs per method and heap.")
