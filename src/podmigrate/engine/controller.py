@@ -220,7 +220,10 @@ def migrate(lab: LabHandle, plan: Plan, report: Report = lambda _m: None) -> Rec
 def recover(lab: LabHandle, store: Store, report: Report = lambda _m: None) -> list[Record]:
     """Finish what dead controllers left (see ``engine.plans`` for the policy); the records."""
     done: list[Record] = []
+    running = {mid for mid, _ in Claims(lab.dir).busy().values()}
     for rec in store.active():
+        if rec["id"] in running:
+            continue  # its controller holds the claim: alive, perhaps a thread of this very process
         pid = rec.get("controller_pid")
         if pid and pid != os.getpid() and os.path.exists(f"/proc/{pid}"):
             continue

@@ -7,8 +7,10 @@ podman exports only at the end; CRIU options go through ``criu_conf``, dropped f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -54,11 +56,21 @@ class PodmanLazy(PodmanCLI):
             self.criu_options("lazy-pages", f"address={address}", f"port={port}"),
             freezer.freeze_when_opened(CRIU_CONF, cgroup) as early,
         ):
-            proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            # its own process group: a dump that never serves is killed whole (podman, runc, CRIU), or it
+            # would hold the container's lock, and every podman command on the node behind it, forever
+            proc = subprocess.Popen(
+                args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+            )
             deadline = time.monotonic() + 600
             while not listening(port):
                 if proc.poll() is not None or time.monotonic() > deadline:
-                    out, errs = proc.communicate(timeout=10) if proc.poll() is not None else ("", "timed out")
+                    if proc.poll() is None:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, signal.SIGKILL)
+                        proc.wait()
+                        out, errs = "", "timed out"
+                    else:
+                        out, errs = proc.communicate(timeout=10)
                     raise RuntimeBackendError(
                         f"lazy checkpoint of {name} on {self.node} did not start serving pages: "
                         f"{(errs or out).strip().splitlines()[-1:] or proc.returncode}",
