@@ -46,6 +46,17 @@ def frozen(cgroup: Path) -> bool:
     return False
 
 
+def traced(tid: int) -> bool:
+    """Whether a debugger (here: CRIU) has seized thread ``tid``."""
+    try:
+        for line in Path(f"/proc/{tid}/status").read_text().splitlines():
+            if line.startswith("TracerPid:"):
+                return int(line.split()[1]) != 0
+    except (OSError, ValueError):
+        return False
+    return False
+
+
 def thaw(cgroup: Path) -> bool:
     """Thaw ``cgroup`` if it is frozen; True if it was."""
     try:
@@ -92,6 +103,28 @@ class FreezeOnOpen:
         while time.monotonic() < deadline and not frozen(self.cgroup):
             time.sleep(0.0005)
         self.times["frozen_at"] = time.time()
+        self._watchdog()
+
+    def _watchdog(self) -> None:
+        """Undo a freeze that came too late. On a loaded machine this thread can see the open when
+        CRIU has already frozen, seized and thawed the tasks itself; freezing them again then stops
+        the parasite code CRIU runs in them, and the dump waits forever. Every task traced (by CRIU)
+        while the cgroup is frozen means just that: thawing leaves them in ptrace-stop, as CRIU wants."""
+        while not self._stopped(0.02):
+            try:
+                if (self.cgroup / "cgroup.freeze").read_text().strip() != "1":
+                    return  # CRIU thawed it: it is past the point where a freeze matters
+                tids = (self.cgroup / "cgroup.threads").read_text().split()
+            except OSError:
+                return
+            if tids and all(traced(int(t)) for t in tids):
+                thaw(self.cgroup)
+                self.times["thawed_late_freeze_at"] = time.time()
+                return
+
+    def _stopped(self, wait: float) -> bool:
+        ready, _, _ = select.select([self._stop_r], [], [], wait)
+        return bool(ready)
 
     def close(self) -> None:
         os.write(self._stop_w, b"x")
