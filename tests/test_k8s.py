@@ -362,10 +362,20 @@ def test_the_target_agent_refuses_a_replaced_or_damaged_image_before_anything_re
     body = {"namespace": NS, "pod": "heapsrv", "containers": ["server"], "checkpoint_id": "t0", "timeout": 60}
     archives = source.post("/v1/checkpoints", body)["archives"]
     ref = f"{NODE_REGISTRY}/checkpoints/refusal:t0"
+    archive = Path(archives["server"]["path"])
+    made = "sha256:" + hashlib.sha256(archive.read_bytes()).hexdigest()  # what containerd wrote
     pushed = source.post(
         "/v1/images", {"archives": {"server": archives["server"]["path"]}, "references": {"server": ref}}
     )
     digest = pushed["images"]["server"]["manifest_digest"]
+    # the image's one layer is exactly the runtime's archive, and both runtimes' annotations are on it
+    repo, _, tag = ref.partition("/")[2].rpartition(":")
+    manifest = httpx.get(f"http://{layout.REGISTRY}/v2/{repo}/manifests/{tag}",
+                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}).json()  # fmt: skip
+    assert [x["digest"] for x in manifest["layers"]] == [made]
+    assert {"io.kubernetes.cri-o.annotations.checkpoint.name", "org.criu.checkpoint.container.name"} <= set(
+        manifest.get("annotations") or {}
+    ), manifest.get("annotations")
     restores = c.lab.dir / "nodes/node-b/podmigrate-restore"
 
     def fetch(cid: str, want: str) -> Any:
