@@ -15,7 +15,7 @@ import pytest
 
 from podmigrate import layout
 from podmigrate.engine.controller import Plan, migrate
-from podmigrate.errors import MigrationFailed
+from podmigrate.errors import MigrationFailed, UsageError
 from podmigrate.workload import manage
 
 from .conftest import wait_for
@@ -96,12 +96,27 @@ def test_a_cut_lan_link_during_transfer_rolls_back(lab, workload):
         lab.run("lan", ["ip", "link", "set", "vnode-b", "up"])
 
 
-def test_a_full_target_disk_rolls_back(lab, workload):
+def test_a_full_target_disk_is_refused_before_the_freeze_and_one_that_fills_up_rolls_back(lab, workload):
     st = workload(heap_mb=32)
     lab.run("node-b", ["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", layout.NODE_CHECKPOINTS])
-    try:
-        # the memory pages stream into the target during the dump: the dump itself fails
-        rec = fails_and_rolls_back(lab, st, "checkpoint", lambda _m: None, transport="stream")
+    try:  # too small from the start: validate says so, nothing is frozen, no record
+        with pytest.raises(UsageError, match="node-b has 4 MiB of disk free; this checkpoint needs about"):
+            migrate(lab, Plan(workload=st["name"], target="node-b", transport="stream"))
+        now = manage.state(lab, st["name"])
+        assert now["node"] == "node-a" and now["started"] == st["started"]
+    finally:
+        lab.run("node-b", ["umount", layout.NODE_CHECKPOINTS])
+    lab.run("node-b", ["mount", "-t", "tmpfs", "-o", "size=1g", "tmpfs", layout.NODE_CHECKPOINTS])
+    try:  # room at validate, gone by the dump (another writer filled the disk): the dump fails, rolled back
+        filler = f"{layout.NODE_CHECKPOINTS}/filler"
+
+        def report(msg: str) -> None:
+            if msg.startswith("✓ validate "):
+                lab.run("node-b", ["fallocate", "-l", "1020M", filler])
+            elif msg.startswith("✗ checkpoint"):  # the other writer goes away; the rollback must clean up
+                lab.run("node-b", ["rm", "-f", filler])
+
+        rec = fails_and_rolls_back(lab, st, "checkpoint", report, transport="stream")
         assert rec["error"]["kind"] == "RuntimeBackendError"
     finally:
         lab.run("node-b", ["umount", layout.NODE_CHECKPOINTS])
