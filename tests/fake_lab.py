@@ -202,6 +202,11 @@ class World:
             return {"name": name, "criu": "4.2.1", "podman": "5.4.2", "runc": "1.3.0", "disk_free_bytes": 10 << 30,
                     "mem_available_bytes": 16 << 30, "capabilities": dict(CAPABILITIES), **node.facts}  # fmt: skip
 
+        @app.route("POST", "/v1/cpuinfo/check")
+        def cpuinfo_check(p: dict[str, str], b: dict[str, Any]) -> Any:
+            ok = b["image"] in node.facts.get("runs_cpus", [node.facts.get("cpuinfo")])
+            return {"why": None if ok else "cpu: x86 features mismatch (avx512f)"}
+
         @app.route("GET", "/v1/containers")
         def containers(p: dict[str, str], b: dict[str, Any]) -> Any:
             return [c.info() for c in node.containers.values()]

@@ -481,3 +481,15 @@ def test_a_container_of_an_image_made_on_the_source_alone_migrates_with_its_imag
         manage.stop(lab, name)
         for node in lab.nodes:
             lab.run(node, ["podman", "rmi", "-f", image], check=False)
+
+
+def test_each_node_reports_its_cpu_and_checks_another_nodes_with_criu(lab):
+    import base64
+
+    a, b = lab.agent("node-a"), lab.agent("node-b")
+    image = a.get("/v1/info")["cpuinfo"]
+    assert image and b.get("/v1/info")["cpuinfo"] == image  # the lab's nodes share one CPU
+    assert b.post("/v1/cpuinfo/check", {"image": image})["why"] is None
+    damaged = base64.b64encode(base64.b64decode(image)[:16]).decode()  # a cut-off image: CRIU refuses it
+    why = b.post("/v1/cpuinfo/check", {"image": damaged})["why"]
+    assert why, why

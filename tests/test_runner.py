@@ -300,12 +300,15 @@ def test_a_workload_another_process_migrates_is_refused_and_stop_leaves_it_alone
         ("node-b", {"disk_free_bytes": 100 << 20}, "stream", "node-b has 100 MiB of disk free"),
         ("node-a", {"disk_free_bytes": 100 << 20}, "registry", "node-a has 100 MiB of disk free"),
         ("node-b", {"criu": "4.1.0"}, "stream", "node-b has CRIU 4.1.0, older than node-a's 4.2.1"),
+        ("node-b", {"cpuinfo": "b2xkZXI="}, "stream", "node-b's CPU cannot run what was dumped on node-a's"),
     ],
-    ids=["target-memory", "target-disk", "source-disk-for-the-archive", "older-criu"],
+    ids=["target-memory", "target-disk", "source-disk-for-the-archive", "older-criu", "other-cpu"],
 )
 def test_a_migration_that_will_not_fit_is_refused_before_anything_is_frozen(lab, node, facts, transport, message):
     before = started(lab)
     lab.world.nodes[node].facts.update(facts)
+    if "cpuinfo" in facts:
+        lab.world.nodes["node-a"].facts["cpuinfo"] = "bmV3ZXI="  # a newer CPU than node-b's
     if "criu" in facts:  # still >= 4.2 for the node check; older than the source's
         lab.world.nodes["node-a"].facts["criu"] = "4.3.0"
         message = message.replace("4.2.1", "4.3.0").replace("4.1.0", "4.2.1")

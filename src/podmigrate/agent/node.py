@@ -56,6 +56,7 @@ class NodeAgent:
             ("POST", "/v1/containers", self.run),
             ("POST", "/v1/images", self.ensure_image),
             ("POST", "/v1/images/send", self.send_image),
+            ("POST", "/v1/cpuinfo/check", self.cpuinfo_check),
             ("POST", "/v1/images/load", self.load_image),
             ("POST", "/v1/pods", self.pod),
             ("GET", "/v1/pods/(?P<pod>[^/]+)", self.pod_info),
@@ -97,6 +98,7 @@ class NodeAgent:
             "started": self.app.started,
             "disk_free_bytes": free.free,
             "mem_available_bytes": _mem_available(),
+            "cpuinfo": self.rt.cpuinfo(),
             **self.rt.info(),
         }
 
@@ -111,6 +113,9 @@ class NodeAgent:
         t0 = time.time()
         got = self.rt.ensure_image(b["image"], b.get("id", ""))
         return {"image": b["image"], **got, "seconds": time.time() - t0}
+
+    def cpuinfo_check(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {"why": self.rt.cpuinfo_check(str(b["image"]))}
 
     def send_image(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         """The image (by ID) to another node's agent, as a checkpoint stream is sent (SHA-256 checked)."""

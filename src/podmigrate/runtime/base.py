@@ -61,6 +61,8 @@ class Runtime(Protocol):
     def info(self) -> dict[str, Any]: ...  # versions, ``capabilities()`` flattened, and ``capabilities``
     def capabilities(self) -> NodeCapabilities: ...  # what migrations this node can take part in
     def criu_options(self, *lines: str) -> AbstractContextManager[None]: ...  # CRIU options for the block
+    def cpuinfo(self) -> str | None: ...  # this CPU as CRIU records it (base64 cpuinfo.img)
+    def cpuinfo_check(self, image: str) -> str | None: ...  # None: dumps from that CPU run here
     def ensure_image(self, image: str, image_id: str = "") -> dict[str, Any]: ...  # present/pulled/why
     def save_image(self, image_id: str, archive: Path) -> None: ...  # an OCI archive of the image
     def load_image(self, archive: Path, image_id: str, name: str) -> None: ...  # the same image here, or error

@@ -8,7 +8,10 @@ about itself (``info``, ``capabilities``). Standard library only.
 
 from __future__ import annotations
 
+import base64
 import subprocess
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podmigrate.runtime import uffd
@@ -41,6 +44,28 @@ class Podman(PodmanPods, PodmanLazy, PodmanContainers):
             "soft_dirty": caps["soft_dirty"],
             "capabilities": caps,
         }
+
+    def cpuinfo(self) -> str | None:
+        """This node's CPU as CRIU records it (``criu cpuinfo dump``), base64; None if CRIU cannot."""
+        if not hasattr(self, "_cpuinfo"):  # the CPU does not change while the agent runs
+            with tempfile.TemporaryDirectory() as d:
+                argv = ["criu", "cpuinfo", "dump", "-D", d]
+                p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+                img = Path(d) / "cpuinfo.img"
+                self._cpuinfo = (
+                    base64.b64encode(img.read_bytes()).decode() if p.returncode == 0 and img.exists() else None
+                )
+        return self._cpuinfo
+
+    def cpuinfo_check(self, image: str) -> str | None:
+        """None when processes dumped on the CPU ``image`` describes can run here; else CRIU's reason."""
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "cpuinfo.img").write_bytes(base64.b64decode(image))
+            p = subprocess.run(["criu", "cpuinfo", "check", "-D", d], capture_output=True, text=True, timeout=30)
+        if p.returncode == 0:
+            return None
+        lines = [ln.strip() for ln in (p.stderr + p.stdout).splitlines() if ln.strip()]
+        return next((ln for ln in lines if "Error" in ln), lines[-1] if lines else f"exit {p.returncode}")
 
     def capabilities(self) -> NodeCapabilities:
         criu = _first_line("criu", "--version")

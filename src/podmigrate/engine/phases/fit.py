@@ -69,6 +69,13 @@ def check_fit(ctx: Ctx, rss: int) -> None:
             "not read the images the dump writes",
             hint="upgrade CRIU on the target, or migrate the other way",
         )
+    if src.get("cpuinfo") and dst.get("cpuinfo") and src["cpuinfo"] != dst["cpuinfo"]:
+        why = ctx.agent(target).post("/v1/cpuinfo/check", {"image": src["cpuinfo"]})["why"]
+        if why and rec["mode"] != "cold":
+            raise UsageError(
+                f"{target}'s CPU cannot run what was dumped on {source}'s (criu cpuinfo check: {why})",
+                hint="migrate between nodes of the same CPU model, or restart it there with --mode cold",
+            )
     if rec["mode"] == "cold":
         return
     avail = dst.get("mem_available_bytes")

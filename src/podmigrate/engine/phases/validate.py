@@ -57,7 +57,7 @@ def check_node(ctx: Ctx, node: str) -> None:
                 details={"node": node, "capabilities": caps},
             )
     rec.setdefault("nodes", {})[node] = {
-        **{k: info.get(k) for k in ("podman", "runc", "criu", "disk_free_bytes", "mem_available_bytes")},
+        **{k: info.get(k) for k in ("podman", "runc", "criu", "disk_free_bytes", "mem_available_bytes", "cpuinfo")},
         "capabilities": caps,
     }
 
