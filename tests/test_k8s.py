@@ -132,10 +132,7 @@ class Cluster:
         return sorted(self.kl.nodes[node].checkpoints.glob("*.tar"))
 
     def has_image(self, reference: str) -> bool:
-        repo, _, tag = reference.partition("/")[2].rpartition(":")
-        r = httpx.get(f"http://{layout.REGISTRY}/v2/{repo}/manifests/{tag}",
-                      headers={"Accept": "application/vnd.oci.image.manifest.v1+json"})  # fmt: skip
-        return r.status_code == 200
+        return manifest_of(reference).status_code == 200
 
     def sandboxes(self, node: str) -> list[Any]:
         return self.kubelet(node).cri.list_pod_sandbox({KUBELET_LABEL: node})
@@ -175,11 +172,16 @@ def assert_rolled_back(c: Cluster, name: str, before: dict[str, Any]) -> dict[st
     return st
 
 
+def manifest_of(reference: str) -> httpx.Response:
+    """The registry's answer for ``reference`` (``localhost:5000/...`` on the nodes: the lab's registry)."""
+    repo, _, tag = reference.partition("/")[2].rpartition(":")
+    accept = {"Accept": "application/vnd.oci.image.manifest.v1+json"}
+    return httpx.get(f"http://{layout.REGISTRY}/v2/{repo}/manifests/{tag}", headers=accept)
+
+
 def tamper(c: Cluster, reference: str) -> None:
     """Flip bytes in the checkpoint layer as the registry stores it (same size, other content)."""
-    repo, _, tag = reference.partition("/")[2].rpartition(":")
-    manifest = httpx.get(f"http://{layout.REGISTRY}/v2/{repo}/manifests/{tag}",
-                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}).json()  # fmt: skip
+    manifest = manifest_of(reference).json()
     digest = manifest["layers"][0]["digest"].split(":")[1]
     data = c.lab.dir / "registry/docker/registry/v2/blobs/sha256" / digest[:2] / digest / "data"
     with open(data, "r+b") as f:
@@ -369,9 +371,7 @@ def test_the_target_agent_refuses_a_replaced_or_damaged_image_before_anything_re
     )
     digest = pushed["images"]["server"]["manifest_digest"]
     # the image's one layer is exactly the runtime's archive, and both runtimes' annotations are on it
-    repo, _, tag = ref.partition("/")[2].rpartition(":")
-    manifest = httpx.get(f"http://{layout.REGISTRY}/v2/{repo}/manifests/{tag}",
-                         headers={"Accept": "application/vnd.oci.image.manifest.v1+json"}).json()  # fmt: skip
+    manifest = manifest_of(ref).json()
     assert [x["digest"] for x in manifest["layers"]] == [made]
     assert {"io.kubernetes.cri-o.annotations.checkpoint.name", "org.criu.checkpoint.container.name"} <= set(
         manifest.get("annotations") or {}

@@ -1,27 +1,14 @@
-"""Helpers for the tests that need a TLS endpoint on loopback (``test_registry_auth``).
-
-The Kubernetes tests run on real kubelets over containerd (``podmigrate.kubelab``); only the API
-server is emulated there, and it lives in the package (``podmigrate.kubelab.apiserver``).
-"""
+"""What the tests that need a TLS endpoint on loopback use (``test_registry_auth``): the Kubernetes
+lab's own helpers (``podmigrate.kubelab.cluster``)."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
 from pathlib import Path
 
+from podmigrate.kubelab.cluster import free_port, self_signed
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["free_port", "self_signed_cert"]
 
 
 def self_signed_cert(directory: Path) -> tuple[Path, Path]:
-    cert, key = directory / "kubelet.crt", directory / "kubelet.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
-        check=True, capture_output=True,
-    )  # fmt: skip
-    return cert, key
+    return self_signed(directory, "127.0.0.1")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import socket
 import subprocess
 import sys
 import threading
@@ -150,8 +151,7 @@ class KubeLab:
 
     # ------------------------------------------------------------------------------ operator
     def start_operator(self) -> None:
-        with socket_port() as port:
-            self.metrics_port = port
+        self.metrics_port = free_port()
         env = {
             **os.environ,
             "PODMIGRATE_KUBE_SERVER": self.apiserver.url,
@@ -189,15 +189,8 @@ class KubeLab:
         self._stack.close()
 
 
-class socket_port:
-    """A free TCP port on 127.0.0.1 of the current namespace (for the operator's metrics)."""
-
-    def __enter__(self) -> int:
-        import socket
-
-        self._s = socket.socket()
-        self._s.bind(("127.0.0.1", 0))
-        return int(self._s.getsockname()[1])
-
-    def __exit__(self, *_: object) -> None:
-        self._s.close()
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 of the calling thread's network namespace."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

@@ -34,7 +34,7 @@ from typing import Any
 from podmigrate.cri.client import CRIClient
 from podmigrate.errors import CRIError, PodmigrateError
 from podmigrate.k8s import api as k
-from podmigrate.kubelab.pods import KUBELET_LABEL, PodWorker
+from podmigrate.kubelab.pods import KUBELET_LABEL, PodWorker, waiting
 
 CHECKPOINTS = "/var/lib/kubelet/checkpoints"  # on the node
 MIRROR = "kubernetes.io/config.mirror"  # a static pod's mirror: the kubelet runs the pod, not from the API
@@ -226,9 +226,7 @@ class Kubelet:
         rc = self.api.get(f"/apis/node.k8s.io/v1/runtimeclasses/{name}")
         if rc is None:
             for c in w.pod["spec"]["containers"]:
-                w.statuses[c["name"]] = {"name": c["name"], "image": c["image"], "restartCount": 0, "ready": False,
-                                         "started": False, "state": {"waiting": {"reason": "CreatePodSandboxError",
-                                         "message": f"RuntimeClass {name!r} not found"}}}  # fmt: skip
+                w.statuses[c["name"]] = waiting(c, "CreatePodSandboxError", f"RuntimeClass {name!r} not found")
             return None
         return str(rc.get("handler", ""))
 

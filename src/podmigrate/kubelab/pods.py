@@ -110,7 +110,7 @@ class PodWorker:
             self.sandbox = runtime.run_pod_sandbox(config, runtime_handler=self.handler)
         except CRIError as e:
             for c in self.pod["spec"]["containers"]:
-                self.statuses[c["name"]] = _waiting(c, "CreatePodSandboxError", e.message)
+                self.statuses[c["name"]] = waiting(c, "CreatePodSandboxError", e.message)
             return
         for c in self.pod["spec"]["containers"]:
             name = c["name"]
@@ -118,7 +118,7 @@ class PodWorker:
                 if c.get("imagePullPolicy") == "Always" or runtime.image_status(c["image"]) is None:
                     runtime.pull_image(c["image"], sandbox_config=config, timeout=pull_timeout)
             except CRIError as e:
-                self.statuses[name] = _waiting(c, "ErrImagePull", e.message)
+                self.statuses[name] = waiting(c, "ErrImagePull", e.message)
                 continue
             try:
                 cid = runtime.create_container(self.sandbox, self.container_config(c), config)
@@ -128,7 +128,7 @@ class PodWorker:
                 reason = e.details.get(
                     "reason", "CreateContainerError" if name not in self.containers else "RunContainerError"
                 )
-                self.statuses[name] = _waiting(c, str(reason), e.message)
+                self.statuses[name] = waiting(c, str(reason), e.message)
                 continue
             self.statuses[name] = {**_base(c), "containerID": f"containerd://{cid}", "ready": True,
                                    "started": True, "state": {"running": {"startedAt": now()}}}  # fmt: skip
@@ -150,7 +150,7 @@ class PodWorker:
 
     def status(self) -> dict[str, Any]:
         spec = self.pod["spec"]["containers"]
-        statuses = [self.statuses.get(c["name"]) or _waiting(c, "ContainerCreating", "") for c in spec]
+        statuses = [self.statuses.get(c["name"]) or waiting(c, "ContainerCreating", "") for c in spec]
         ready = all(s["ready"] for s in statuses)
         running = all("running" in s["state"] for s in statuses)
         cond = "True" if ready else "False"
@@ -188,5 +188,5 @@ def _base(c: dict[str, Any]) -> dict[str, Any]:
     return {"name": c["name"], "image": c["image"], "restartCount": 0}
 
 
-def _waiting(c: dict[str, Any], reason: str, message: str) -> dict[str, Any]:
+def waiting(c: dict[str, Any], reason: str, message: str) -> dict[str, Any]:
     return {**_base(c), "ready": False, "started": False, "state": {"waiting": {"reason": reason, "message": message}}}

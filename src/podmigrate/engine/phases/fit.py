@@ -24,7 +24,8 @@ from podmigrate.errors import UsageError
 MARGIN = 256 << 20  # what the target keeps for itself beyond the copy
 
 
-def _ver(v: Any) -> tuple[int, ...]:
+def version(v: Any) -> tuple[int, ...]:
+    """(major, minor) of a version string like 4.2.1 (() when there is none)."""
     return tuple(int(x) for x in str(v or "0").split(".")[:2] if x.isdigit())
 
 
@@ -63,7 +64,7 @@ def check_fit(ctx: Ctx, rss: int) -> None:
     rec = ctx.rec
     source, target = str(rec["source"]), str(rec["target"])
     src, dst = rec["nodes"][source], rec["nodes"][target]
-    if _ver(dst.get("criu")) < _ver(src.get("criu")):
+    if version(dst.get("criu")) < version(src.get("criu")):
         raise UsageError(
             f"{target} has CRIU {dst.get('criu')}, older than {source}'s {src.get('criu')}: it may "
             "not read the images the dump writes",

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from podmigrate.engine.phases.context import Ctx
-from podmigrate.engine.phases.fit import check_fit, check_spec
+from podmigrate.engine.phases.fit import check_fit, check_spec, version
 from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.workload import manage
 
@@ -41,8 +41,7 @@ def check_node(ctx: Ctx, node: str) -> None:
     """CRIU's version and the capabilities the plan needs, from the node agent's own report."""
     rec = ctx.rec
     info = ctx.agent(node).get("/v1/info")
-    ver = tuple(int(x) for x in str(info.get("criu", "0")).split(".")[:2] if x.isdigit())
-    if ver < (4, 2):
+    if version(info.get("criu")) < (4, 2):
         raise PodmigrateError(
             f"{node} has CRIU {info.get('criu')}; 4.2 or newer is needed",
             hint="CRIU < 4.2 cannot dump sockets on kernels >= 6.16",
