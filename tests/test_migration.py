@@ -253,6 +253,7 @@ def test_a_pod_moves_whole_and_the_loopback_connection_through_its_sidecar_survi
     cid = hold_connection(lan, st["ip"])
     rec = migrate(lab, Plan(workload=pod, target="node-b"))
     assert rec["scope"] == "pod" and rec["pod"]["members"] == [f"{pod}-server", f"{pod}-sidecar"]
+    assert sorted(rec["member_images"]) == [f"{pod}-server", f"{pod}-sidecar"]  # each member's image, by ID
     assert rec["checks"] == {"sha256_equal": True, "counter_not_backwards": True, "same_process_start": True}
     after = manage.state(lab, pod)
     assert after["node"] == "node-b" and after["ip"] == st["ip"]

@@ -37,6 +37,7 @@ CALLS: dict[str, tuple[str, str, str, int]] = {
 def no_patience(monkeypatch: pytest.MonkeyPatch) -> None:
     # the lab retries an undo for a minute while its agent restarts; a fake agent does not restart
     monkeypatch.setattr(controller.LabRunner, "patience", 0.0)
+    monkeypatch.setattr(controller.LabRunner, "artifact_patience", 0.0)
 
 
 @pytest.fixture
@@ -165,14 +166,31 @@ def test_a_controller_that_dies_during_the_rollback_leaves_it_for_the_next_to_fi
 def test_an_undo_that_only_deletes_a_copy_and_fails_leaves_a_leftover_not_a_failure(lab):
     before = started(lab)
     lab.world.fail("node-b", "POST", r"/restore$", message="restore broke")
-    lab.world.fail("node-a", "POST", r"^/v1/registry/delete$", message="registry down")
+    lab.world.fail("node-a", "POST", r"^/v1/registry/delete$", message="registry down", times=2)
     with pytest.raises(MigrationFailed, match="rolled back"):
         migrate(lab, Plan(workload="web", target="node-b"))
     (rec,) = store_for(lab).list()
     assert rec["status"] == "rolled_back"
-    assert rec["leftovers"] == [{"phase": "push", "error": "registry down"}]
+    assert rec["leftovers"] == [{"phase": "push", "error": "registry down"}]  # tried again after the rest
     assert_serves_on(lab, "node-a", before)
     assert list(lab.world.registry) == [rec["reference"]]  # what gc will find
+
+
+def test_an_artifact_undo_that_failed_is_tried_again_once_the_workload_is_safe(lab, monkeypatch):
+    monkeypatch.setattr(controller.LabRunner, "artifact_patience", 30.0)
+    monkeypatch.setattr(controller.LabRunner, "retry_delay", 0.01)
+    before = started(lab)
+    lab.world.fail("node-b", "POST", r"/restore$", message="restore broke")
+    # the target's agent is restarting: its archive cannot be deleted at first
+    lab.world.fail("node-b", "DELETE", r"^/v1/checkpoints/", kind="unreachable", message="refused", times=3)
+    with pytest.raises(MigrationFailed, match="rolled back"):
+        migrate(lab, Plan(workload="web", target="node-b"))
+    (rec,) = store_for(lab).list()
+    assert rec["status"] == "rolled_back" and "leftovers" not in rec
+    undos = [r["phase"] for r in rec["rollbacks"]]
+    assert undos.index("checkpoint") < len(undos) - 1 - undos[::-1].index("pull")  # the retry came after the source
+    assert_serves_on(lab, "node-a", before)
+    assert_nothing_left(lab)
 
 
 def test_an_undo_that_protects_the_workload_and_fails_makes_the_migration_failed(lab):
@@ -251,12 +269,37 @@ def test_a_second_signal_stops_the_rollback_says_what_is_left_and_gc_finishes_it
     with pytest.raises(MigrationFailed, match="stopped by a second SIGINT; undone so far: restore, pull") as e:
         migrate(lab, Plan(workload="web", target="node-b"), said.append)
     assert "podmigrate gc" in (e.value.hint or "")
-    assert any("send it again to stop the rollback" in m for m in said)
+    assert any("rolling back migration" in m and "send it again to stop" in m for m in said)
     (left,) = store_for(lab).active()
     assert left["status"] == "rolling_back"
     (rec,) = recover(lab, store_for(lab))
     assert rec["status"] == "rolled_back"
     assert_serves_on(lab, "node-a", before)
+    assert_nothing_left(lab)
+
+
+def test_a_signal_past_the_commit_does_not_interrupt_a_lazy_migration_it_finishes(lab):
+    # past the lazy commit (restore) the copy on the target is the only one: cutting the run short
+    # would leave it unrouted with its source gone (what the fault matrix found: state lost)
+    before = started(lab)
+    lab.world.fail("lan", "PUT", r"^/v1/routes/", kind="signal", message="SIGTERM")
+    said: list[str] = []
+    rec = migrate(lab, Plan(workload="web", target="node-b", mode="lazy"), said.append)
+    assert rec["status"] == "completed" and rec["rollbacks"] == []
+    assert any("SIGTERM: finishing (past its commit" in m for m in said)
+    assert_serves_on(lab, "node-b", before)
+    assert_nothing_left(lab)
+
+
+def test_a_second_signal_past_the_commit_leaves_the_rest_to_gc_which_finishes_forward(lab):
+    before = started(lab)
+    lab.world.fail("lan", "PUT", r"^/v1/routes/", kind="signal", message="SIGTERM,SIGTERM")
+    with pytest.raises(MigrationFailed, match="stopped past its commit by a second SIGTERM") as e:
+        migrate(lab, Plan(workload="web", target="node-b", mode="lazy"))
+    assert "finishes the migration" in (e.value.hint or "")
+    (rec,) = recover(lab, store_for(lab))
+    assert rec["status"] == "completed"
+    assert_serves_on(lab, "node-b", before)
     assert_nothing_left(lab)
 
 
@@ -293,6 +336,14 @@ def test_a_workload_another_process_migrates_is_refused_and_stop_leaves_it_alone
     assert rec["status"] == "completed"
 
 
+def test_an_older_runc_on_the_target_is_a_warning_in_the_record_not_a_refusal(lab):
+    started(lab)
+    lab.world.nodes["node-b"].facts["runc"] = "1.1.5"
+    rec = migrate(lab, Plan(workload="web", target="node-b"))
+    assert rec["status"] == "completed"
+    assert "validate: node-b has runc 1.1.5, older than node-a's 1.3.0" in rec["warnings"]
+
+
 @pytest.mark.parametrize(
     ("node", "facts", "transport", "message"),
     [
@@ -301,8 +352,23 @@ def test_a_workload_another_process_migrates_is_refused_and_stop_leaves_it_alone
         ("node-a", {"disk_free_bytes": 100 << 20}, "registry", "node-a has 100 MiB of disk free"),
         ("node-b", {"criu": "4.1.0"}, "stream", "node-b has CRIU 4.1.0, older than node-a's 4.2.1"),
         ("node-b", {"cpuinfo": "b2xkZXI="}, "stream", "node-b's CPU cannot run what was dumped on node-a's"),
+        ("node-b", {"podman": "4.3.1"}, "stream", "node-b has Podman 4.3.1 and node-a Podman 5.4.2"),
+        (
+            "node-b",
+            {"capabilities": {**CAPABILITIES, "runtime": "containerd"}},
+            "stream",
+            "node-a runs containers with fake and node-b with containerd",
+        ),
     ],
-    ids=["target-memory", "target-disk", "source-disk-for-the-archive", "older-criu", "other-cpu"],
+    ids=[
+        "target-memory",
+        "target-disk",
+        "source-disk-for-the-archive",
+        "older-criu",
+        "other-cpu",
+        "podman-major",
+        "other-runtime",
+    ],
 )
 def test_a_migration_that_will_not_fit_is_refused_before_anything_is_frozen(lab, node, facts, transport, message):
     before = started(lab)

@@ -8,6 +8,8 @@ Routes page-server, checkpoint-lazy, restore-lazy, lazy and abort-lazy, register
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import socket
 import subprocess
 import time
@@ -132,18 +134,52 @@ class LazyPages:
 
     def abort_lazy(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         """Make a lazy dump that no target is pulling from give up: CRIU's page server gets a request
-        it does not know, fails, and then thaws the tasks and unlocks the network (its error path)."""
-        job = self.jobs.get(f"src-{p['cid']}")
-        if job is None or job.poll() is not None:
-            return {"aborted": False, "rc": None if job is None else job.returncode}
-        try:
-            with socket.create_connection((layout.node_ip(self.name), self.lazy_ports[p["cid"]]), timeout=5) as sk:
+        it does not know, fails, and then thaws the tasks and unlocks the network (its error path).
+
+        A dump that an earlier agent started (this one was restarted: its job table is new) is found
+        by its checkpoint id among the node's processes, and given up the same way at the port the
+        caller recorded; without that, it would hold the container's lock, and every podman command
+        behind it, for as long as it waits for a target."""
+        cid = p["cid"]
+        job = self.jobs.get(f"src-{cid}")
+        if job is not None and job.poll() is not None:
+            return {"aborted": False, "rc": job.returncode}
+        orphans = [] if job is not None else orphaned_dump(cid)
+        port = self.lazy_ports.get(cid) or b.get("port")
+        if job is None and not orphans:
+            return {"aborted": False, "rc": None}
+        if port:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection((layout.node_ip(self.name), int(port)), 5) as sk,
+            ):
                 sk.sendall(b"\xff" * 64)
-        except OSError:
-            pass
+        if job is not None:
+            try:
+                job.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                job.kill()
+                job.wait()
+            return {"aborted": True, "rc": job.returncode}
+        deadline = time.monotonic() + 60
+        while orphaned_dump(cid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for pgid in {os.getpgid(pid) for pid in orphaned_dump(cid) if os.path.exists(f"/proc/{pid}")}:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        return {"aborted": True, "rc": None, "orphan": True}
+
+
+def orphaned_dump(cid: str) -> list[int]:
+    """The podman/runc/CRIU processes of lazy dump ``cid`` (their command lines name its archive)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
         try:
-            job.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            job.kill()
-            job.wait()
-        return {"aborted": True, "rc": job.returncode}
+            argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(cid.encode() in a for a in argv) and any(a.endswith((b"podman", b"criu", b"runc")) for a in argv[:1]):
+            found.append(int(entry))
+    return found

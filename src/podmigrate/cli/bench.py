@@ -13,6 +13,7 @@ from rich.table import Table
 
 from podmigrate.cli.lab import get_lab
 from podmigrate.cli.output import err, out, status
+from podmigrate.errors import UsageError
 
 
 @click.group()
@@ -187,6 +188,42 @@ def bench_soak(ctx: click.Context, migrations: int, workloads: int, heap_mb: int
         err.print(f"failed: {f['workload']} {f['mode']}/{f['transport']}: {f['error'][:200]}")
     err.print(f"results: {out_path}/ (soak.json, soak.jsonl)")
     if r["failed"] or r["state_lost"] or left:
+        sys.exit(2)
+
+
+@bench.command("faults")
+@click.option("--heap-mb", default=16, show_default=True, type=click.IntRange(1, 65536))
+@click.option("--only", default=None, help="Comma-separated faults to run [default: all]: sigterm, controller-killed, "
+              "target-agent-killed, source-agent-killed, link-cut, disk-full, registry-down, tampered.")  # fmt: skip
+@click.option("--out", "out_dir", type=click.Path(), default=None, help="[default: results/faults-TIMESTAMP]")
+@click.pass_context
+def bench_faults(ctx: click.Context, heap_mb: int, only: str | None, out_dir: str | None) -> None:
+    """The fault matrix: each fault point x mode x transport injected for real; where the workload
+    serves after each, with what heap, and what was left behind."""
+    import time
+    from pathlib import Path
+
+    from podmigrate.bench import faults
+
+    known = {c.fault for c in faults.matrix()}
+    chosen = [f for f in only.split(",") if f] if only else None
+    if chosen and (unknown := set(chosen) - known):
+        raise UsageError(
+            f"unknown fault(s): {', '.join(sorted(unknown))}", hint=f"choose from: {', '.join(sorted(known))}"
+        )
+    out_path = Path(out_dir or f"results/faults-{time.strftime('%Y%m%d-%H%M%S')}")
+    with status("Fault matrix") as rep:
+        r = faults.run(get_lab(ctx), out_path, heap_mb, chosen, rep)
+    t = Table("fault", "after", "mode/transport", "outcome", "serves on", "state kept", "left behind", "verdict")
+    for row in r["rows"]:
+        kept = {None: "n/a (cold)", True: "yes", False: "NO"}[row.get("state_kept")] if row.get("serving") else "-"
+        t.add_row(row["fault"], row["point"], f"{row['mode']}/{row['transport']}", row["outcome"],
+                  ",".join(row["running_on"]) or "nowhere", kept, str(sum(len(v) for v in row["leftovers"].values())),
+                  row["verdict"])  # fmt: skip
+    out.print(t)
+    err.print(f"{r['cells']} cells: {r['ok']} ok, {r['lost']} lost, {r['twice']} running twice, "
+              f"{r['leftovers']} with leftovers; results: {out_path}/ (faults.json, faults.jsonl)")  # fmt: skip
+    if r["ok"] != r["cells"]:
         sys.exit(2)
 
 

@@ -64,6 +64,7 @@ class LabRunner(Runner[Ctx]):
     """The runner with the lab's record store, progress lines and agent retries."""
 
     patience = 60.0  # an unreachable agent is usually one the lab is restarting
+    artifact_patience = 20.0  # for what only takes disk space, once the workload is safe
     retry_delay = 1.0
 
     def row(self) -> plans.Row:
@@ -103,12 +104,21 @@ class LabRunner(Runner[Ctx]):
     def undo(self, phase: Phase[Ctx]) -> str:
         """Keep trying an undo that protects the workload (not a mere artifact deletion) while its
         agent is unreachable, for ``patience`` seconds, before giving up."""
+        return self._retrying(phase, 0 if phase.artifact else self.patience)
+
+    def undo_again(self, phase: Phase[Ctx]) -> str:
+        """An artifact left because its agent was unreachable: retried for ``artifact_patience`` (the
+        lab restarts a dead agent in seconds), never before the workload itself is safe."""
+        # any error: a registry that was down (and refused the delete) is back in seconds as well
+        return self._retrying(phase, self.artifact_patience, PodmigrateError)
+
+    def _retrying(self, phase: Phase[Ctx], patience: float, retry_on: type[PodmigrateError] = AgentError) -> str:
         assert phase.undo is not None
-        deadline = time.monotonic() + (0 if phase.artifact else self.patience)
+        deadline = time.monotonic() + patience
         while True:
             try:
                 return phase.undo(self.ctx)
-            except AgentError as e:
+            except retry_on as e:
                 if time.monotonic() > deadline:
                     raise
                 self.ctx.report(f"… undo {phase.name.value}: {e.message}; retrying")
@@ -184,10 +194,17 @@ def migrate(lab: LabHandle, plan: Plan, report: Report = lambda _m: None) -> Rec
         runner = LabRunner(ctx, ctx.rec, store)
         rec = ctx.rec
         try:
-            with interruptible(rec, report):
+            with interruptible(rec, report, runner.committed):
                 runner.run()
         except Abandoned as e:
             undone = [r["phase"] for r in rec["rollbacks"] if r.get("ok")]
+            if rec["status"] != "rolling_back":
+                raise MigrationFailed(
+                    f"migration {rec['id']} of {rec['workload']!r} was stopped past its commit by a second {e}, "
+                    f"in phase {rec['phase']}; the target {rec.get('target')} holds the workload",
+                    hint="`podmigrate gc` finishes the migration from the saved record (so does the next migrate)",
+                    details={"record": rec},
+                ) from None
             raise MigrationFailed(
                 f"the rollback of migration {rec['id']} of {rec['workload']!r} was stopped by a second {e}; "
                 f"undone so far: {', '.join(undone) or 'nothing'}; the workload may still be frozen on "

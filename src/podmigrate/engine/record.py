@@ -146,6 +146,7 @@ class Record(RunRecord, total=False):
     controller_pid: int  # a dead pid with an active status means: recover
     image: str  # the container's base image
     target_image: dict[str, Any]  # the target agent's answer to fetching it (validate)
+    member_images: dict[str, dict[str, Any]]  # pods: the same, per member
     target_memory: dict[str, Any]  # memory warmed on the target for the restore (reserve-memory)
     service_addresses: list[str]  # the addresses that move with the workload
     nodes: dict[str, dict[str, Any]]  # versions, free disk and capabilities of both nodes at validate

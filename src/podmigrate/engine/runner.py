@@ -96,6 +96,10 @@ class Runner(Generic[C]):
     def after_rollback(self) -> None:
         """Called once every undo ran (release what the migration held: memory, a lock)."""
 
+    def undo_again(self, phase: Phase[C]) -> str:
+        """A second try of an artifact's undo that failed, once every other undo ran; its error is a leftover."""
+        return self.undo(phase)
+
     def rejected(self, e: Exception) -> None:
         """Validate failed: nothing changed. The default marks the migration failed."""
         self.rec["status"] = "failed"
@@ -181,6 +185,7 @@ class Runner(Generic[C]):
         self.save("undo")
         impls = {p.name.value: p for p in self.phases()}
         ok = True
+        again: list[Phase[C]] = []
         for entry in reversed(rec["phases"]):
             phase = impls.get(entry["name"])
             if phase is None or phase.undo is None:
@@ -198,9 +203,19 @@ class Runner(Generic[C]):
                 msg = as_error(e).message
                 result = {"phase": phase.name.value, "ok": False, "error": msg, "at": time.time()}
                 if phase.artifact:
-                    rec.setdefault("leftovers", []).append({"phase": phase.name.value, "error": msg})
+                    again.append(phase)
                 else:
                     ok = False
+            rec["rollbacks"].append(result)
+            self.undone(phase, result)
+            self.save("undo")
+        for phase in again:  # the workload is safe by now: a restarting agent gets time to clean up
+            try:
+                result = {"phase": phase.name.value, "ok": True, "did": self.undo_again(phase), "at": time.time()}
+            except Exception as e:
+                msg = as_error(e).message
+                rec.setdefault("leftovers", []).append({"phase": phase.name.value, "error": msg})
+                continue
             rec["rollbacks"].append(result)
             self.undone(phase, result)
             self.save("undo")

@@ -144,7 +144,14 @@ def undo_stop(ctx: Ctx) -> str:
     src = ctx.agent(rec["source"] or "")
     c = {x["name"]: x for x in src.get("/v1/containers")}.get(rec["container"])
     if c and c["state"] != "running":
-        src.post(f"/v1/containers/{rec['container']}/start")
+        if rec.get("spec", {}).get("ip"):
+            # `podman start` would give it the subnet's next free address, not its own (the fault
+            # matrix saw .4 come back as .5): the service address is the workload's identity, so the
+            # container is made again from the spec validate saved, with that address pinned
+            src.delete(f"/v1/containers/{rec['container']}")
+            src.post("/v1/containers", dict(rec["spec"]))
+        else:
+            src.post(f"/v1/containers/{rec['container']}/start")
         return f"started {rec['container']} again on {rec['source']} (cold: its memory was lost)"
     return "source container untouched"
 

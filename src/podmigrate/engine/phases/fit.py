@@ -7,7 +7,10 @@ Each refusal says what is wrong and what to do:
   port is the source host's, and the target's may be taken), and a network other than the lab's
   ``mig`` (Podman's default NAT network has the same 10.88.0.0/16 on every node: the address is reachable
   from no other node and may be taken on the target);
-- CRIU on the target older than the source's (a restore must read the images the dump wrote);
+- CRIU on the target older than the source's (a restore must read the images the dump wrote); another
+  container runtime, or another major version of Podman, on the target (the checkpoint archive is
+  Podman's own format: its config.dump and spec.dump are read by the Podman that restores); an older
+  runc on the target is only a warning (runc hands the images to CRIU and reads just the OCI spec);
 - the target's available memory (the restore writes the whole resident set) and free disk (CRIU's
   images land there, and the registry and archive transports write the archive on the source too:
   about twice the resident set, with a margin).
@@ -19,6 +22,7 @@ from typing import Any
 
 from podmigrate import layout
 from podmigrate.engine.phases.context import Ctx
+from podmigrate.engine.record import Record
 from podmigrate.errors import UsageError
 
 MARGIN = 256 << 20  # what the target keeps for itself beyond the copy
@@ -59,6 +63,30 @@ def check_spec(spec: dict[str, Any], name: str) -> None:
         )
 
 
+def check_runtimes(rec: Record, source: str, target: str) -> None:
+    """The same runtime and Podman major version on both nodes; an older runc is a warning."""
+    src, dst = rec["nodes"][source], rec["nodes"][target]
+    a, b = src.get("capabilities", {}).get("runtime"), dst.get("capabilities", {}).get("runtime")
+    if a and b and a != b:
+        raise UsageError(
+            f"{source} runs containers with {a} and {target} with {b}: a checkpoint is restored by the runtime "
+            "that wrote it",
+            hint=f"migrate to a node whose runtime is {a}",
+        )
+    if rec["mode"] == "cold":
+        return
+    if src.get("podman") and dst.get("podman") and version(src["podman"])[:1] != version(dst["podman"])[:1]:
+        raise UsageError(
+            f"{target} has Podman {dst['podman']} and {source} Podman {src['podman']}: another major version may "
+            "not read the checkpoint archive this one writes",
+            hint="run the same major version of Podman on both nodes, or restart it there with --mode cold",
+        )
+    if version(dst.get("runc")) < version(src.get("runc")):
+        rec.setdefault("warnings", []).append(
+            f"validate: {target} has runc {dst.get('runc')}, older than {source}'s {src.get('runc')}"
+        )
+
+
 def check_fit(ctx: Ctx, rss: int) -> None:
     """Versions between the nodes, and room on the target (and on the source for archive writers)."""
     rec = ctx.rec
@@ -70,6 +98,7 @@ def check_fit(ctx: Ctx, rss: int) -> None:
             "not read the images the dump writes",
             hint="upgrade CRIU on the target, or migrate the other way",
         )
+    check_runtimes(rec, source, target)
     if src.get("cpuinfo") and dst.get("cpuinfo") and src["cpuinfo"] != dst["cpuinfo"]:
         why = ctx.agent(target).post("/v1/cpuinfo/check", {"image": src["cpuinfo"]})["why"]
         if why and rec["mode"] != "cold":

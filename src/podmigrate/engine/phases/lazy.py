@@ -31,7 +31,7 @@ def lazy_checkpoint(ctx: Ctx) -> None:
 def undo_lazy_checkpoint(ctx: Ctx) -> str:
     rec = ctx.rec
     src = ctx.agent(rec["source"] or "")
-    res = src.post(f"/v1/checkpoints/{rec['id']}/abort-lazy")
+    res = src.post(f"/v1/checkpoints/{rec['id']}/abort-lazy", {"port": (rec.get("lazy") or {}).get("port")})
     src.delete(f"/v1/checkpoints/{rec['id']}")
     c = {x["name"]: x for x in src.get("/v1/containers")}.get(rec["container"])
     if not c or c["state"] != "running":

@@ -145,7 +145,13 @@ def validate(ctx: Ctx) -> None:
     rss = 0 if rec.get("scope") == "pod" else ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/memory")["rss_bytes"]
     check_fit(ctx, rss)
     # The target needs the container's base image; fetching it now keeps it out of the blackout.
-    rec["target_image"] = _image_on_target(ctx, loc.node, c)
+    if rec.get("scope") == "pod":  # every member's own image, each by ID (a sidecar's may be local-only)
+        members = {x["name"]: x for x in ctx.agent(loc.node).get("/v1/containers")}
+        rec["member_images"] = {
+            m: _image_on_target(ctx, loc.node, members[m]) for m in rec["pod"]["members"] if m in members
+        }
+    else:
+        rec["target_image"] = _image_on_target(ctx, loc.node, c)
     # warm the target's memory for the restore now, outside the blackout (see the agent's
     # reserve-memory); small containers are not worth it
     if rec["mode"] in ("stop-copy", "decoupled") and rec.get("scope") != "pod" and rss >= 64 << 20:
