@@ -22,6 +22,8 @@ CELLS = [
     Cell("controller-killed", "restore", "lazy", "stream"),
     Cell("target-agent-killed", "checkpoint", "stop-copy", "stream"),
     Cell("source-agent-killed", "checkpoint", "decoupled", "stream"),
+    # a lazy dump whose agent died once held podman's lock for ever: the restarted agent gives it up
+    Cell("source-agent-killed", "checkpoint", "lazy", "stream"),
     Cell("link-cut", "checkpoint", "stop-copy", "registry"),
     Cell("disk-full", "validate", "stop-copy", "stream"),
     Cell("registry-down", "push", "stop-copy", "registry"),

@@ -144,9 +144,8 @@ class LazyPages:
         job = self.jobs.get(f"src-{cid}")
         if job is not None and job.poll() is not None:
             return {"aborted": False, "rc": job.returncode}
-        orphans = [] if job is not None else orphaned_dump(cid)
         port = self.lazy_ports.get(cid) or b.get("port")
-        if job is None and not orphans:
+        if job is None and not orphaned_dump(cid):
             return {"aborted": False, "rc": None}
         if port:
             with (
@@ -164,9 +163,9 @@ class LazyPages:
         deadline = time.monotonic() + 60
         while orphaned_dump(cid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        for pgid in {os.getpgid(pid) for pid in orphaned_dump(cid) if os.path.exists(f"/proc/{pid}")}:
+        for pid in orphaned_dump(cid):  # still there: the whole group goes (podman, runc, CRIU)
             with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGKILL)
+                os.killpg(os.getpgid(pid), signal.SIGKILL)
         return {"aborted": True, "rc": None, "orphan": True}
 
 

@@ -32,6 +32,7 @@ from podmigrate import layout
 from podmigrate.engine import gc
 from podmigrate.engine.controller import recover, store_for
 from podmigrate.errors import PodmigrateError
+from podmigrate.kubelab.example import poll
 from podmigrate.lab.cluster import Lab
 from podmigrate.workload import manage
 from podmigrate.workload.image import ready_lab
@@ -155,21 +156,19 @@ class Faults:
             t.join()
         for name in (self.source, self.target, "registry"):
             (self.lab.dir / "hold" / name).unlink(missing_ok=True)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                for node in (self.source, self.target):
-                    agent = self.lab.agent(node)
-                    try:
-                        agent.get("/v1/info")
-                    finally:
-                        agent.close()
-                if manage.lan_get(self.lab, f"http://{layout.REGISTRY}/v2/", timeout=2)["ok"]:
-                    return
-            except PodmigrateError:
-                pass
-            time.sleep(0.2)
-        raise PodmigrateError("the lab did not come back within 60 s after a fault", hint="podmigrate lab status")
+        poll(self.answering, 60, "the lab's agents and registry to answer after a fault", step=0.2)
+
+    def answering(self) -> bool:
+        try:
+            for node in (self.source, self.target):
+                agent = self.lab.agent(node)
+                try:
+                    agent.get("/v1/info")
+                finally:
+                    agent.close()
+            return bool(manage.lan_get(self.lab, f"http://{layout.REGISTRY}/v2/", timeout=2)["ok"])
+        except PodmigrateError:
+            return False
 
     def unmount(self) -> None:
         if self.mounted:
