@@ -31,7 +31,7 @@ import httpx
 from podmigrate import layout
 from podmigrate.agent.http import App
 from podmigrate.client import AgentClient
-from podmigrate.errors import PodmigrateError, RuntimeBackendError, UsageError
+from podmigrate.errors import PodmigrateError, RuntimeBackendError, TransportError, UsageError
 from podmigrate.lab.handle import LabHandle
 
 TOKEN = "fake-token"
@@ -97,6 +97,7 @@ class Node:
     containers: dict[str, Container] = field(default_factory=dict)
     checkpoints: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> snapshot
     reserved: set[str] = field(default_factory=set)  # checkpoint ids with memory warmed for them
+    keys: dict[str, str] = field(default_factory=dict)  # checkpoint id -> seal key the controller gave
     lazy: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> source's lazy dump
     facts: dict[str, Any] = field(default_factory=dict)  # overrides of what GET /v1/info reports
 
@@ -276,7 +277,8 @@ class World:
         def push(p: dict[str, str], b: dict[str, Any]) -> Any:
             if p["cid"] not in node.checkpoints:
                 raise UsageError(f"no checkpoint {p['cid']} on {name}")
-            self.registry[b["reference"]] = dict(node.checkpoints[p["cid"]])
+            # as the real layer: sealed with the push's key, openable only with the same key
+            self.registry[b["reference"]] = {**node.checkpoints[p["cid"]], "_seal": b.get("seal")}
             digest = "sha256:" + hashlib.sha256(json.dumps(self.registry[b["reference"]]).encode()).hexdigest()
             return {"reference": b["reference"], "manifest_digest": digest, "layer_digest": digest, "bytes": 1 << 20}
 
@@ -289,17 +291,26 @@ class World:
             snap = self.registry.get(b["reference"])
             if snap is None:
                 raise PodmigrateError(f"manifest unknown: {b['reference']}")
+            if snap.get("_seal") != b.get("seal"):
+                raise TransportError(f"{b['reference']} is not sealed for this migration; refusing it")
             node.reserved.discard(p["cid"])
-            node.checkpoints[p["cid"]] = dict(snap)
+            node.checkpoints[p["cid"]] = {k: v for k, v in snap.items() if k != "_seal"}
             return {"layer_digest": "sha256:" + hashlib.sha256(json.dumps(snap).encode()).hexdigest(), "bytes": 1 << 20}
 
         @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/send")
         def send(p: dict[str, str], b: dict[str, Any]) -> Any:
             t0 = time.time()
             target = self.nodes[b["node"]]
+            if target.keys.get(p["cid"]) != b.get("seal"):  # the real target cannot open it either
+                raise TransportError(f"{b['node']} has no key for the sealed checkpoint {p['cid']}")
             target.reserved.discard(p["cid"])  # the real agent frees it as the upload starts
             target.checkpoints[p["cid"]] = {**target.checkpoints.get(p["cid"], {}), **node.checkpoints[p["cid"]]}
             return {"bytes": 1 << 20, "sha256": "0" * 64, "started": t0, "ended": time.time()}
+
+        @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/seal")
+        def expect_seal(p: dict[str, str], b: dict[str, Any]) -> Any:
+            node.keys[p["cid"]] = b["seal"]
+            return {"sealed": p["cid"]}
 
         @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/page-server")
         def page_server(p: dict[str, str], b: dict[str, Any]) -> Any:

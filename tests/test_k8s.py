@@ -86,7 +86,9 @@ def klab() -> Iterator[Lab]:
 class Cluster:
     def __init__(self, lab: Lab, tmp: Path):
         self.lab = lab
-        self.kl = KubeLab(lab, tmp, kubelet_class=HookedKubelet, poll_s=0.05).start()
+        # 127.0.0.1:9 (nothing listens): the registry-down fault, allowed so that it fails at the push
+        allowed = [f"{NODE_REGISTRY}/checkpoints", "127.0.0.1:9/checkpoints"]
+        self.kl = KubeLab(lab, tmp, kubelet_class=HookedKubelet, poll_s=0.05, allowed_registries=allowed).start()
         self.api = self.kl.api
         self.image = example.image()
         for node, ready in (("node-c", "False"),):  # a node that is not Ready (no kubelet)
@@ -410,7 +412,12 @@ def test_invalid_specs_fail_with_a_message_that_names_the_field(cluster: Cluster
         "not-ready": ({"podName": "heapsrv", "targetNode": "node-c"}, "node 'node-c' is not Ready"),
         "no-such-container": ({"podName": "heapsrv", "containers": ["db"]}, "has no container db"),
         "tainted": ({"podName": "heapsrv", "targetNode": "node-d"}, "does not tolerate its taint gpu:NoSchedule"),
+        "foreign-registry": (
+            {"podName": "heapsrv", "targetNode": "node-b", "registry": "evil.example:5000/loot"},
+            "spec.registry 'evil.example:5000/loot' is not in the allowed registries",
+        ),
     }
+    reasons = {"foreign-registry": "RegistryNotAllowed"}
     taints = [{"key": "gpu", "effect": "NoSchedule"}]
     ready = {"conditions": [{"type": "Ready", "status": "True"}]}
     c.api.create(k.nodes(), {"metadata": {"name": "node-d"}, "spec": {"taints": taints}, "status": ready})
@@ -418,7 +425,7 @@ def test_invalid_specs_fail_with_a_message_that_names_the_field(cluster: Cluster
         c.migrate(name, spec)
     for name, (_, message) in cases.items():
         st = c.wait_phase(name, "Failed", "Completed", "RolledBack")
-        assert st["phase"] == "Failed" and st["reason"] == "InvalidSpec", (name, st)
+        assert st["phase"] == "Failed" and st["reason"] == reasons.get(name, "InvalidSpec"), (name, st)
         assert message in st["message"], (name, st["message"])
     assert c.kubelet("node-a").calls == []  # nothing was started
     assert "podmigrate.io/migration" not in (c.api.get(k.pods(NS, "heapsrv")) or {})["metadata"].get("annotations", {})

@@ -53,12 +53,12 @@ def test_kustomize_and_kubectl_render_the_same_valid_objects(tools: Path, tree: 
         assert kinds == sorted(
             ["Namespace", "CustomResourceDefinition", "ServiceAccount", "ServiceAccount", "ClusterRole", "ClusterRole",
              "ClusterRoleBinding", "ClusterRoleBinding", "ConfigMap", "Deployment", "Service", "DaemonSet",
-             "RuntimeClass"]
+             "RuntimeClass", "NetworkPolicy"]
         )  # fmt: skip
         assert all(
             d["metadata"].get("namespace") == "podmigrate-system"
             for d in docs
-            if d["kind"] in ("Deployment", "DaemonSet")
+            if d["kind"] in ("Deployment", "DaemonSet", "NetworkPolicy")
         )
 
 
@@ -141,6 +141,12 @@ def test_rbac_grants_what_the_code_calls_and_the_agent_nothing_more(tools: Path)
     ]:
         assert need in op, need
     assert rules(docs, "podmigrate-agent") == {("", "nodes/checkpoint", "create")}
+    # nothing beyond what the code and kopf call: kopf patches (never updates), nothing watches pods
+    assert not {r for r in op if r[2] in ("update", "*", "escalate", "bind", "impersonate")}, op
+    assert ("", "pods", "watch") not in op and ("", "secrets", "get") not in op
+    assert {r for r in op if r[1] == "podlivemigrations/status"} == {
+        ("podmigrate.io", "podlivemigrations/status", "patch")
+    }
 
 
 def test_the_agent_sees_the_kubelets_checkpoint_directory_where_it_looks(tools: Path) -> None:
@@ -151,5 +157,74 @@ def test_the_agent_sees_the_kubelets_checkpoint_directory_where_it_looks(tools: 
     mount = next(m for m in c["volumeMounts"] if m["name"] == "checkpoints")
     host = next(v for v in pod["volumes"] if v["name"] == "checkpoints")
     assert arg.split("=", 1)[1] == mount["mountPath"] and host["hostPath"]["path"] == "/var/lib/kubelet/checkpoints"
-    assert {e["name"] for e in c["env"]} >= {"NODE_NAME", "HOST_IP", "PODMIGRATE_AGENT_TOKEN"}
+    assert {e["name"] for e in c["env"]} >= {"NODE_NAME", "HOST_IP"}
     assert any(p["name"] == "agent" and p["containerPort"] == 7070 for p in c["ports"])
+
+
+def flags(command: list[str]) -> dict[str, str]:
+    return {a.partition("=")[0]: a.partition("=")[2] for a in command if a.startswith("--")}
+
+
+def workload(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
+    spec: dict[str, Any] = next(d for d in docs if d["kind"] == kind)["spec"]["template"]["spec"]
+    return spec
+
+
+def mounted(pod: dict[str, Any], path: str) -> str:
+    """The Secret mounted at the directory of ``path`` in the pod's first container."""
+    c = pod["containers"][0]
+    m = next(m for m in c["volumeMounts"] if path.startswith(m["mountPath"].rstrip("/") + "/"))
+    return str(next(v for v in pod["volumes"] if v["name"] == m["name"])["secret"]["secretName"])
+
+
+def test_the_agent_serves_mutual_tls_and_verifies_the_kubelet(tools: Path) -> None:
+    docs = build(tools, "base")
+    pod = workload(docs, "DaemonSet")
+    c = pod["containers"][0]
+    f = flags(c["command"])
+    assert "--kubelet-insecure-tls" not in f and f["--kubelet-ca"].endswith("ca.crt")
+    assert f["--kubelet-ca"].startswith("/var/run/secrets/kubernetes.io/serviceaccount/")  # the cluster CA
+    assert f["--listen"].endswith(":7070") and f["--client-names"] == "podmigrate-operator"
+    secret = {mounted(pod, f[x]) for x in ("--tls-cert", "--tls-key", "--client-ca")}
+    assert secret == {"podmigrate-agent-tls"}
+    assert "PODMIGRATE_AGENT_TOKEN" not in {e["name"] for e in c["env"]}  # the certificate is the identity
+    # the probes carry no client certificate: they go to the plain /healthz port, not the API's
+    health = f["--health-listen"].rsplit(":", 1)[1]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports["health"] == int(health) != ports["agent"]
+    assert c["livenessProbe"]["httpGet"]["port"] == c["readinessProbe"]["httpGet"]["port"] == "health"
+    # and the operator calls them with its certificate, against the same CA
+    op = workload(docs, "Deployment")
+    env = {e["name"]: e.get("value") for e in op["containers"][0]["env"]}
+    assert "PODMIGRATE_AGENT_TOKEN" not in env
+    assert {mounted(op, env[x]) for x in ("PODMIGRATE_AGENT_CA", "PODMIGRATE_AGENT_CERT", "PODMIGRATE_AGENT_KEY")} == {
+        "podmigrate-operator-tls"
+    }
+
+
+def test_only_the_operator_reaches_the_agents_port(tools: Path) -> None:
+    docs = build(tools, "base")
+    np = next(d for d in docs if d["kind"] == "NetworkPolicy")["spec"]
+    assert np["podSelector"]["matchLabels"] == {"app.kubernetes.io/name": "podmigrate-agent"}
+    assert np["policyTypes"] == ["Ingress"]
+    to_agent = [r for r in np["ingress"] if any(p["port"] == 7070 for p in r.get("ports", []))]
+    assert len(to_agent) == 1 and to_agent[0]["from"] == [
+        {"podSelector": {"matchLabels": {"app.kubernetes.io/name": "podmigrate-operator"}}}
+    ]
+    # whatever else is let in, it is not the agents' API port
+    assert all(
+        r.get("ports") and all(p["port"] != 7070 for p in r["ports"]) for r in np["ingress"] if r not in to_agent
+    )
+    # the operator's pods carry the label the policy lets in
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"] == "podmigrate-operator"
+
+
+def test_the_config_has_the_allow_lists_and_cert_manager_makes_the_secrets_mounted(tools: Path) -> None:
+    cfg = next(d for d in build(tools, "base") if d["kind"] == "ConfigMap")["data"]
+    assert {"PODMIGRATE_ALLOWED_REGISTRIES", "PODMIGRATE_NAMESPACES", "PODMIGRATE_REGISTRY"} <= set(cfg)
+    certs = build(tools, "cert-manager")
+    made = {d["spec"]["secretName"]: d["spec"] for d in certs if d["kind"] == "Certificate"}
+    assert {"podmigrate-agent-tls", "podmigrate-operator-tls"} <= set(made)
+    assert made["podmigrate-operator-tls"]["commonName"] == "podmigrate-operator"  # the agents' --client-names
+    assert all(d["metadata"]["namespace"] == "podmigrate-system" for d in certs)

@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from podmigrate import layout
 from podmigrate.engine.controller import Plan, migrate, recover, store_for
 from podmigrate.errors import LabError, MigrationFailed, UsageError
+from podmigrate.transport import seal
 from podmigrate.workload import manage
 from podmigrate.workload.image import workload_image
 
@@ -108,7 +109,9 @@ def test_migration_there_and_back_keeps_digest_and_counter(lab, workload):
             "cleanup",
         ]
         assert all(p["ok"] and p["ended"] >= p["started"] for p in rec["phases"])
-        assert rec["bytes"]["pushed"] == rec["bytes"]["pulled"] == rec["bytes"]["archive"] > 64 << 20
+        # the layer is the archive sealed for the migration (transport.seal)
+        assert rec["bytes"]["pushed"] == rec["bytes"]["pulled"] == seal.sealed_size(rec["bytes"]["archive"])
+        assert rec["bytes"]["archive"] > 64 << 20
         assert rec["criu"]["dump"]["pages_written"] > 0 and rec["criu"]["restore"]["pages_restored"] > 0
         assert rec["service_addresses"] == [st["ip"]]
     assert there["state_after"]["counter"] <= back["state_before"]["counter"]
@@ -339,6 +342,11 @@ def test_cold_restart_starts_afresh_on_the_target_and_says_the_state_is_lost(lab
     after = manage.state(lab, st["name"])
     assert after["node"] == "node-b" and after["ip"] == st["ip"]
     assert after["started"] != st["started"] and after["counter"] < rec["state_before"]["counter"] + 1000
+    # the environment's values stay out of the record (and state.db); the fresh copy still has them
+    stored = store_for(lab).get(rec["id"])
+    assert stored is not None and stored["spec"]["env"] and set(stored["spec"]["env"].values()) == {"(not recorded)"}
+    live = lab.agent("node-b").get(f"/v1/containers/{st['name']}/spec")["env"]
+    assert set(live) == set(stored["spec"]["env"]) and live["HEAP_MB"] == "16"
     assert_clean(lab, st["name"])
 
 

@@ -9,14 +9,16 @@ import json
 import os
 import subprocess
 import tarfile
+import threading
 import warnings
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from podmigrate.errors import TransportError
-from podmigrate.transport import registry
+from podmigrate.transport import registry, seal, stream
 from tests.conftest import wait_for
 from tests.tls_helpers import free_port, self_signed_cert
 
@@ -99,3 +101,86 @@ def test_missing_or_wrong_credentials_are_said_so(
     with pytest.raises(TransportError, match=match) as e:
         registry.push_checkpoint(archive(tmp_path), f"{host}/checkpoints/web:2", {})
     assert e.value.hint and hint in e.value.hint
+
+
+class _Challenger(BaseHTTPRequestHandler):
+    """A registry that only ever challenges, recording every Authorization header it was sent."""
+
+    challenge = ""
+    seen: list[str] = []
+
+    def do_GET(self) -> None:
+        if self.headers.get("Authorization"):
+            type(self).seen.append(self.headers["Authorization"])
+        self.send_response(401)
+        self.send_header("WWW-Authenticate", type(self).challenge)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def challenger() -> Iterator[tuple[str, type[_Challenger]]]:
+    handler = type("H", (_Challenger,), {"seen": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    old = os.environ.get("REGISTRY_AUTH_FILE")
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}", handler
+    finally:
+        server.shutdown()
+        server.server_close()
+        os.environ.pop("REGISTRY_AUTH_FILE", None) if old is None else os.environ.update(REGISTRY_AUTH_FILE=old)
+
+
+@pytest.mark.parametrize(
+    ("challenge", "match"),
+    [
+        ('Basic realm="registry"', "asks for Basic credentials over plain HTTP"),
+        ('Bearer realm="http://{host}/token",service="r"', "only an https:// realm on the registry's own host"),
+        (
+            'Bearer realm="https://auth.example.net/token",service="r"',
+            "only an https:// realm on the registry's own host",
+        ),
+    ],
+)
+def test_credentials_never_go_in_clear_nor_to_a_realm_elsewhere(
+    challenger: tuple[str, type[_Challenger]], tmp_path: Path, challenge: str, match: str
+) -> None:
+    host, handler = challenger
+    handler.challenge = challenge.format(host=host)
+    os.environ["REGISTRY_AUTH_FILE"] = str(auth_file(tmp_path, host, "s3cret"))
+    with pytest.raises(TransportError, match=match):
+        registry.push_checkpoint(archive(tmp_path), f"{host}/checkpoints/web:3", {})
+    assert handler.seen == [], "no credentials may have been sent"
+
+
+def test_a_sealed_image_rests_as_ciphertext_and_opens_only_for_its_own_migration(
+    secured: tuple[str, Path], tmp_path: Path
+) -> None:
+    host, tmp = secured
+    os.environ["REGISTRY_AUTH_FILE"] = str(auth_file(tmp, host, "s3cret"))
+    a = archive(tmp_path)
+    plain = (tmp_path / "pages-1.img").read_bytes()
+    key = seal.new_key()
+    ref = f"{host}/checkpoints/sealed:1"
+    pushed = registry.push_checkpoint(a, ref, registry.checkpoint_annotations("web"), "zstd", stream.Seal(key, "m1"))
+    blobs = list((tmp / "data").rglob("data"))
+    layer = next(b for b in blobs if pushed["layer_digest"].split(":")[1] in str(b.parent))
+    assert plain[:4096] not in layer.read_bytes() and layer.read_bytes().count(b"checkpoint/pages-1.img") == 0
+    for sealed, why in (
+        (None, "sealed for a migration, and this pull has no key"),
+        (stream.Seal(seal.new_key(), "m1"), "not sealed for this migration"),  # replayed into another migration
+        (stream.Seal(key, "m2"), "not sealed for this migration"),  # the same key, another checkpoint
+    ):
+        with pytest.raises(TransportError, match=why):
+            registry.pull_checkpoint(ref, tmp_path / "bad.tar", sealed)
+        assert not (tmp_path / "bad.tar").exists() and not list(tmp_path.glob("bad.tar*"))
+    registry.pull_checkpoint(ref, tmp_path / "back.tar", stream.Seal(key, "m1"))
+    assert (tmp_path / "back.tar").read_bytes() == a.read_bytes()
+    unsealed = f"{host}/checkpoints/plain:1"
+    registry.push_checkpoint(a, unsealed, registry.checkpoint_annotations("web"))
+    with pytest.raises(TransportError, match="is not sealed, but its migration seals checkpoints"):
+        registry.pull_checkpoint(unsealed, tmp_path / "swap.tar", stream.Seal(key, "m1"))

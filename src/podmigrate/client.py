@@ -6,6 +6,7 @@ the host reaches agents in other network namespaces without joining them.
 
 from __future__ import annotations
 
+import ssl
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,8 @@ from podmigrate.errors import AgentError, PodmigrateError
 
 class AgentClient:
     """One agent, over its Unix socket (``socket_path``), a URL (``base_url``: agent to agent, the
-    Kubernetes operator) or any httpx transport (``transport``: the fake agents of the unit tests)."""
+    Kubernetes operator; ``https://`` with ``tls`` holding the CA and this side's client certificate)
+    or any httpx transport (``transport``: the fake agents of the unit tests)."""
 
     def __init__(
         self,
@@ -27,6 +29,7 @@ class AgentClient:
         *,
         base_url: str = "http://agent",
         transport: httpx.BaseTransport | None = None,
+        tls: ssl.SSLContext | None = None,
         unreachable_hint: str = "check `podmigrate lab status`; `podmigrate lab up` restarts missing agents",
     ):
         self.name = name
@@ -39,7 +42,10 @@ class AgentClient:
             transport=transport,
             base_url=base_url,
             timeout=httpx.Timeout(timeout, connect=5.0),
-            headers={"Authorization": f"Bearer {token}"},
+            # over TCP the client certificate in ``tls`` is the identity; the token is for the
+            # Unix socket and the Kubernetes agent's ServiceAccount-style setups
+            headers={"Authorization": f"Bearer {token}"} if token else {},
+            verify=tls if tls is not None else True,
         )
 
     def close(self) -> None:

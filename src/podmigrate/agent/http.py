@@ -1,8 +1,11 @@
-"""The agents' HTTP layer: a route table, bearer-token auth, errors as JSON (standard library only).
+"""The agents' HTTP layer: a route table, authentication, limits, errors as JSON (standard library only).
 
 Shared by the lab's node and LAN agents (``agent.node``, ``agent.lan``, served by ``agent.server``)
-and the Kubernetes node agent (``k8s.agent``). Every request must carry ``Authorization: Bearer
-<token>``; errors travel as ``{"error": {...}}`` in the shape of ``podmigrate.errors``.
+and the Kubernetes node agent (``k8s.agent``). A request is authenticated by the TLS client
+certificate its connection showed (``agent.tls``: the peer's name) or, on the owner-only Unix socket
+and the Kubernetes agent, by ``Authorization: Bearer <token>``. Errors travel as ``{"error": {...}}``
+in the shape of ``podmigrate.errors``; an unexpected one says what failed, and its traceback goes to
+the agent's log only (a reply may cross the network).
 """
 
 from __future__ import annotations
@@ -11,24 +14,35 @@ import hmac
 import json
 import re
 import socketserver
+import sys
 import time
 import traceback
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
+from podmigrate import names
+from podmigrate.agent import tls
 from podmigrate.errors import AgentError, PodmigrateError, UsageError
 
 Handler = Callable[[dict[str, str], dict[str, Any]], Any]
 STATUS = {"UsageError": 400, "AgentError": 502, "LabError": 503}
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+MAX_JSON = 1 << 20  # requests are small documents; anything bigger is a mistake or an attack
+MAX_UPLOAD = 1 << 40  # a checkpoint stream; the route checks the disk before it writes
+
+
+class TooLarge(UsageError):
+    pass
 
 
 class App:
     """A route table: (method, regex) -> handler(params, body)."""
 
-    def __init__(self, name: str, role: str, token: str):
-        self.name, self.role, self.token = name, role, token
+    def __init__(self, name: str, role: str, token: str, peers: frozenset[str] | None = None):
+        """``token``: what a request without a certificate must carry ("" refuses them all);
+        ``peers``: the certificate names let in (None: any the CA signed)."""
+        self.name, self.role, self.token, self.peers = name, role, token, peers
         self.routes: list[tuple[str, re.Pattern[str], Handler]] = []
         self.started = time.time()
 
@@ -39,29 +53,43 @@ class App:
 
         return deco
 
-    def dispatch(self, method: str, path: str, auth: str | None, load: Callable[[], dict[str, Any]]) -> tuple[int, Any]:
+    def authenticated(self, auth: str | None, peer: str | None) -> bool:
+        if peer is not None:
+            return self.peers is None or peer in self.peers
+        return bool(self.token) and hmac.compare_digest((auth or "").encode(), f"Bearer {self.token}".encode())
+
+    def dispatch(
+        self, method: str, path: str, auth: str | None, load: Callable[[], dict[str, Any]], peer: str | None = None
+    ) -> tuple[int, Any]:
         """Route one request; ``load`` reads the body (JSON, or a raw stream for uploads) only
-        after the token was checked."""
-        if not hmac.compare_digest((auth or "").encode(), f"Bearer {self.token}".encode()):
-            return 401, {
-                "error": AgentError(
-                    f"agent {self.name}: missing or wrong token", hint="use the lab's token file"
-                ).to_wire()
-            }
+        after the caller was authenticated (``peer``: its verified certificate's name)."""
+        if not self.authenticated(auth, peer):
+            if peer:
+                err = AgentError(f"agent {self.name}: certificate {peer!r} is not one of its peers")
+            else:
+                err = AgentError(f"agent {self.name}: missing or wrong token", hint="use the lab's token file")
+            return 401, {"error": err.to_wire()}
         path = path.split("?", 1)[0]
         for m, rx, fn in self.routes:
             match = rx.match(path)
             if match and m == method:
                 try:
-                    return 200, fn(match.groupdict(), load())
+                    params = match.groupdict()
+                    for key, value in params.items():  # names, ids and addresses: one rule for all
+                        names.name(value, f"{key} in {method} {path}")
+                    return 200, fn(params, load())
+                except TooLarge as e:
+                    return 413, {"error": e.to_wire()}
                 except PodmigrateError as e:
                     e.details.setdefault("node", self.name)
                     return STATUS.get(type(e).__name__, 500), {"error": e.to_wire()}
                 except Exception as e:
+                    print(f"{method} {path} failed:\n{traceback.format_exc()}", file=sys.stderr, flush=True)
                     return 500, {
                         "error": AgentError(
-                            f"agent {self.name}: {type(e).__name__}: {e}",
-                            details={"traceback": traceback.format_exc()[-3000:], "node": self.name},
+                            f"agent {self.name}: {method} {path} failed ({type(e).__name__})",
+                            hint="the agent's log has the details",
+                            details={"node": self.name},
                         ).to_wire()
                     }
         return 404, {"error": UsageError(f"agent {self.name} has no {method} {path}").to_wire()}
@@ -77,20 +105,49 @@ def make_handler(app: App) -> type[BaseHTTPRequestHandler]:
         def address_string(self) -> str:
             return str(self.client_address[0]) if self.client_address else "unix"
 
+        def setup(self) -> None:
+            super().setup()
+            do_handshake = getattr(self.request, "do_handshake", None)
+            if do_handshake is not None:  # TLS: in this connection's thread, bounded
+                self.request.settimeout(tls.HANDSHAKE_TIMEOUT)
+                do_handshake()
+                self.request.settimeout(None)
+
         def _load(self) -> dict[str, Any]:
-            n = int(self.headers.get("Content-Length") or 0)
+            if self.headers.get("Transfer-Encoding"):
+                raise UsageError("chunked request bodies are not accepted; send a Content-Length")
+            try:
+                n = int(self.headers.get("Content-Length") or 0)
+            except ValueError:
+                raise UsageError("Content-Length is not a number") from None
             if self.headers.get("Content-Type") == "application/octet-stream":
+                if not 0 <= n <= MAX_UPLOAD:
+                    raise TooLarge(f"an upload of {n} bytes is over this agent's limit of {MAX_UPLOAD}")
                 return {"stream": self.rfile, "length": n, "headers": dict(self.headers.items())}
-            return json.loads(self.rfile.read(n)) if n else {}
+            if not 0 <= n <= MAX_JSON:
+                raise TooLarge(
+                    f"a request body of {n} bytes is over this agent's limit of {MAX_JSON} bytes",
+                    hint="requests are small JSON documents; checkpoints travel as application/octet-stream",
+                )
+            try:
+                body = json.loads(self.rfile.read(n)) if n else {}
+            except ValueError:
+                raise UsageError("the request body is not JSON") from None
+            if not isinstance(body, dict):
+                raise UsageError("the request body must be a JSON object")
+            return body
 
         def _handle(self) -> None:
-            status, data = app.dispatch(self.command, self.path, self.headers.get("Authorization"), self._load)
+            peer = tls.peer_name(self.request)
+            status, data = app.dispatch(self.command, self.path, self.headers.get("Authorization"), self._load, peer)
             if status != 200:
                 self.close_connection = True  # an unread request body must not be parsed as a request
             out = json.dumps(data).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(out)))
+            if self.close_connection:  # say so: a keep-alive client must not send into a closing socket
+                self.send_header("Connection", "close")
             self.end_headers()
             self.wfile.write(out)
 

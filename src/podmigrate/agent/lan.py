@@ -6,15 +6,15 @@ Standard library only. One per lab, on the LAN bridge's side; served by ``agent.
 
 from __future__ import annotations
 
+import http.client
 import os
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from pathlib import Path
 from typing import Any
 
-from podmigrate import routing
+from podmigrate import layout, names, routing
 from podmigrate.agent.http import App
 from podmigrate.agent.probe import KeepAlive, Probe
 from podmigrate.errors import UsageError
@@ -100,16 +100,37 @@ class LanAgent:
 
     # ------------------------------------------------------------------ a client's view
     def http_get(self, p: dict[str, str], b: dict[str, Any]) -> Any:
-        """GET a URL from the LAN, as a client of the service would."""
-        t0 = time.time()
+        """GET a URL from the LAN, as a client of the service would: plain HTTP to a service address
+        (the workload subnet, or a node's address for a host-network container: never its agent's
+        port) or to the lab registry's read API, no redirects followed. Never a file or an agent: this
+        agent reaches every address of the lab, and a request must not borrow that reach."""
+        url = urllib.parse.urlsplit(str(b.get("url", "")))
         try:
-            with urllib.request.urlopen(b["url"], timeout=float(b.get("timeout", 10))) as r:
-                body = r.read()
-                status = r.status
-        except urllib.error.HTTPError as e:
-            body, status = e.read(), e.code
-        except (OSError, ValueError) as e:
+            host = names.ipv4(url.hostname)
+            port = url.port or 80
+            nodes = {layout.node_ip(n) for n in layout.node_names(layout.MAX_NODES)}
+            allowed = url.scheme == "http" and (
+                layout.in_workload_subnet(host)
+                or (host in nodes and port != layout.AGENT_PORT)
+                or (f"{host}:{port}" == layout.REGISTRY and url.path.startswith("/v2/"))
+            )
+        except (UsageError, ValueError):
+            allowed = False
+        if not allowed:
+            raise UsageError(
+                f"/v1/http fetches http:// URLs of service addresses ({layout.WORKLOAD_SUBNET}, or a node's "
+                f"address but not its agent's port) and the registry's /v2/ only, not {b.get('url')!r}"
+            )
+        t0 = time.time()
+        conn = http.client.HTTPConnection(host, port, timeout=float(b.get("timeout", 10)))
+        try:
+            conn.request("GET", (url.path or "/") + (f"?{url.query}" if url.query else ""))
+            r = conn.getresponse()
+            body, status = r.read(1 << 20), r.status
+        except (OSError, http.client.HTTPException) as e:
             return {"ok": False, "error": f"{type(e).__name__}: {e}", "elapsed": time.time() - t0}
+        finally:
+            conn.close()
         return {
             "ok": status == 200,
             "status": status,

@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podmigrate import layout
+from podmigrate import layout, names
+from podmigrate.agent import tls
 from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App, safe_id
 from podmigrate.agent.memory import Reservations
 from podmigrate.agent.node_lazy import LazyPages
-from podmigrate.errors import RuntimeBackendError, UsageError
+from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
 from podmigrate.transport import stream
 from podmigrate.transport.archive import ArchiveTransport
 from podmigrate.transport.base import Sent, Transport
@@ -38,16 +39,28 @@ if TYPE_CHECKING:
 class NodeAgent:
     """One lab node's agent: an HTTP API over its runtime ``rt`` and its checkpoint directory."""
 
-    def __init__(self, app: App, rt: NodeRuntime, checkpoints: Path = Path(layout.NODE_CHECKPOINTS)):
-        self.app, self.rt = app, rt
+    def __init__(
+        self,
+        app: App,
+        rt: NodeRuntime,
+        identity: tls.Files,
+        checkpoints: Path = Path(layout.NODE_CHECKPOINTS),
+        setting: Path = Path(layout.IN_LAB_STATE) / "security",
+    ):
+        self.app, self.rt, self.identity, self.setting = app, rt, identity, setting
         self.files = CheckpointDir(checkpoints)
         self.memory = Reservations()
-        self.lazy = LazyPages(app.name, rt, self.files, self.memory)
+        self.lazy = LazyPages(app.name, rt, self.files, self.memory, self.criu_tls)
         self.registry = RegistryTransport()
         # the engine's stream and archive transports both arrive at /send: on this side they differ
         # only in whether the export still holds the memory pages (no page server took them)
-        self.stream = StreamTransport(app.token, layout.AGENT_PORT)
-        self.archive = ArchiveTransport(app.token, layout.AGENT_PORT)
+        client = identity.client()
+        self.stream = StreamTransport(client, layout.AGENT_PORT)
+        self.archive = ArchiveTransport(client, layout.AGENT_PORT)
+        self.keys: dict[str, str] = {}  # checkpoint id -> its migration's seal key (memory only)
+
+    def criu_tls(self, *, server: bool) -> tuple[str, ...]:
+        return self.identity.criu(server=server) if tls.enabled(self.setting) else ()
 
     def register(self) -> None:
         for method, pattern, fn in (
@@ -72,6 +85,7 @@ class NodeAgent:
             ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/pull", self.pull),
             ("PUT", "/v1/checkpoints/(?P<cid>[^/]+)", self.upload),
             ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/commit", self.commit),
+            ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/seal", self.expect_seal),
             ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/send", self.send),
             ("POST", "/v1/containers/(?P<name>[^/]+)/resume", self.resume),
             ("GET", "/v1/containers/(?P<name>[^/]+)/spec", self.spec),
@@ -106,12 +120,13 @@ class NodeAgent:
         return self.rt.list_containers()
 
     def run(self, p: dict[str, str], b: dict[str, Any]) -> Any:
-        self.rt.ensure_image(b["image"])
+        names.name(b.get("name"))
+        self.rt.ensure_image(names.image(b.get("image")))
         return self.rt.run(b)  # type: ignore[arg-type]
 
     def ensure_image(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         t0 = time.time()
-        got = self.rt.ensure_image(b["image"], b.get("id", ""))
+        got = self.rt.ensure_image(names.image(b.get("image")), b.get("id", ""))
         return {"image": b["image"], **got, "seconds": time.time() - t0}
 
     def cpuinfo_check(self, p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -203,7 +218,7 @@ class NodeAgent:
         criu: tuple[str, ...] = ()
         if b.get("page_server"):
             ps = b["page_server"]
-            criu = ("page-server", f"address={ps['address']}", f"port={ps['port']}")
+            criu = ("page-server", f"address={ps['address']}", f"port={ps['port']}", *self.criu_tls(server=False))
             if b.get("leave_stopped"):
                 criu += ("leave-stopped",)
         with self.files.busy(b["checkpoint_id"]):
@@ -256,6 +271,7 @@ class NodeAgent:
 
     def delete(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         cid = safe_id(p["cid"])
+        self.keys.pop(cid, None)
         self.lazy.stop(cid)
         with self.files.busy(cid):
             existed = self.files.remove(cid)
@@ -271,13 +287,25 @@ class NodeAgent:
 
     def push(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         archive, reference = self.files.archive(p["cid"]), b["reference"]
-        image = RegistryTransport(b.get("annotations") or {}, b.get("compression", "none"))
+        image = RegistryTransport(b.get("annotations") or {}, b.get("compression", "none"), _seal(p["cid"], b))
         return self._send(image, p["cid"], archive, reference)
 
     def pull(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         self.memory.release(p["cid"])
         with self.files.busy(p["cid"]):
-            return self.registry.fetch(b["reference"], self.files.archive(p["cid"]))
+            return RegistryTransport(sealed=_seal(p["cid"], b)).fetch(b["reference"], self.files.archive(p["cid"]))
+
+    def expect_seal(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        """The key that uploads for checkpoint ``cid`` are sealed with (from the controller only:
+        a peer agent never sends a key). Kept in memory until the checkpoint is deleted."""
+        cid = safe_id(p["cid"])
+        if len(self.keys) >= 256:  # a controller that never deleted its checkpoints
+            self.keys.pop(next(iter(self.keys)))
+        sealed = _seal(cid, b)
+        if sealed is None:
+            raise UsageError("a seal needs a key")
+        self.keys[cid] = sealed.key
+        return {"sealed": cid}
 
     def registry_delete(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         if b.get("checkpoint_id"):
@@ -287,24 +315,50 @@ class NodeAgent:
 
     def send(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         target = b["node"]
-        return self._send(self.stream, p["cid"], self.files.archive(p["cid"]), layout.node_ip(target))
+        t = self.stream.with_seal(_seal(p["cid"], b))
+        return self._send(t, p["cid"], self.files.archive(p["cid"]), layout.node_ip(target))
 
     def send_pod(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         total = 0
+        t = self.archive.with_seal(_seal(p["cid"], b))
         for _m, a in self.files.members(p["cid"], b["members"]).items():
-            total += self._send(self.archive, p["cid"], a, layout.node_ip(b["node"]))["bytes"]
+            total += self._send(t, p["cid"], a, layout.node_ip(b["node"]))["bytes"]
         return {"bytes": total}
 
     def upload(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         self.memory.release(p["cid"])
         if "stream" not in b:
             raise UsageError("a checkpoint upload needs Content-Type: application/octet-stream")
+        # a pod member's upload is <id>.<member>: the migration's key is the id's
+        base = p["cid"].split(".", 1)[0]
+        sealed_for = b["headers"].get(stream.SEALED_HEADER)
+        key = self.keys.get(base)
+        if sealed_for is not None and (sealed_for != base or key is None):
+            raise TransportError(
+                f"an upload of {p['cid']} sealed for {sealed_for!r}, which this agent has no key for; refused",
+                hint="only the controller gives the target a migration's key; retry the migration",
+            )
+        if sealed_for is None and key is not None:
+            raise TransportError(
+                f"checkpoint {p['cid']} arrived unsealed, but its migration seals checkpoints; refused"
+            )
+        sealed = stream.Seal(key, base) if key is not None else None
         with self.files.busy(p["cid"]):
-            return stream.receive(b["stream"], b["length"], self.files.archive(p["cid"]))
+            return stream.receive(b["stream"], b["length"], self.files.archive(p["cid"]), sealed)
 
     def commit(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         with self.files.busy(p["cid"]):
             return stream.commit(self.files.archive(p["cid"]), b["sha256"])
+
+
+def _seal(cid: str, b: dict[str, Any]) -> stream.Seal | None:
+    """The request's seal key (``"seal": hex``) for checkpoint ``cid``; None when it has none."""
+    key = b.get("seal")
+    if not key:
+        return None
+    if not isinstance(key, str) or len(key) != 64:
+        raise UsageError("a seal key is 64 hex digits (32 bytes)")
+    return stream.Seal(key, cid)
 
 
 def _mem_available() -> int | None:

@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -30,8 +31,16 @@ class LazyPages:
     """CRIU processes by role and checkpoint id: the page server receiving a dump (``ps``), the
     source's lazy dump serving pages (``src``), the target's lazy-pages daemon (``dst``)."""
 
-    def __init__(self, name: str, rt: NodeRuntime, files: CheckpointDir, memory: Reservations):
-        self.name, self.rt, self.files, self.memory = name, rt, files, memory
+    def __init__(
+        self,
+        name: str,
+        rt: NodeRuntime,
+        files: CheckpointDir,
+        memory: Reservations,
+        criu_tls: Callable[..., tuple[str, ...]] = lambda server: (),
+    ):
+        """``criu_tls(server=...)``: CRIU's TLS options for a listening or a connecting end."""
+        self.name, self.rt, self.files, self.memory, self.criu_tls = name, rt, files, memory, criu_tls
         self.jobs: dict[str, subprocess.Popen[Any]] = {}
         self.lazy_ports: dict[str, int] = {}
         self.wakers: dict[str, FaultWaker] = {}
@@ -70,7 +79,9 @@ class LazyPages:
         """Start a CRIU page server that receives the memory pages of checkpoint ``cid``."""
         self.memory.release(p["cid"])
         port = self._free_port()  # the page server takes it right after
-        self.jobs[f"ps-{p['cid']}"] = self.rt.page_server(self.files.pages(p["cid"]), layout.node_ip(self.name), port)
+        self.jobs[f"ps-{p['cid']}"] = self.rt.page_server(
+            self.files.pages(p["cid"]), layout.node_ip(self.name), port, tls=self.criu_tls(server=True)
+        )
         return {"address": layout.node_ip(self.name), "port": port}
 
     def checkpoint_lazy(self, p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -84,6 +95,7 @@ class LazyPages:
                 layout.node_ip(self.name),
                 port,
                 tcp_established=b.get("tcp_established", True),
+                tls=self.criu_tls(server=True),
             )
         self.lazy_ports[cid] = port
         return {
@@ -109,6 +121,7 @@ class LazyPages:
                 int(b["port"]),
                 tcp_established=b.get("tcp_established", True),
                 wake_faults=b.get("wake_faults", True),
+                tls=self.criu_tls(server=False),
             )
         self.jobs[f"dst-{cid}"] = daemon
         if waker:

@@ -1,22 +1,23 @@
 """The agents' entry point: picks the role's routes and serves them (standard library only).
 
 Run as ``python3 -m podmigrate.agent.server --role node|lan --name NAME --uds PATH --tcp IP:PORT
---token-file PATH``. It listens on a Unix socket (how the host-side controller reaches it across
-namespaces) and on TCP on the node's LAN address (agent to agent, and the DaemonSet's port). The
-routes are ``agent.node`` (over ``Podman``) or ``agent.lan``; auth and errors are ``agent.http``'s.
+--token-file PATH --tls-cert C --tls-key K --tls-ca CA``. It listens on a Unix socket (owner-only: how
+the host-side controller reaches it across namespaces, with the lab's token) and on TCP on the node's
+LAN address, TLS with client certificates only (agent to agent: the certificate is the identity, no
+token is accepted there). The routes are ``agent.node`` (over ``Podman``) or ``agent.lan``; auth,
+limits and errors are ``agent.http``'s.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import socketserver
 import sys
 import threading
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
+from podmigrate.agent import tls
 from podmigrate.agent.http import App, UnixHTTPServer, make_handler
 from podmigrate.agent.lan import LanAgent
 from podmigrate.agent.node import NodeAgent
@@ -27,9 +28,10 @@ __all__ = ["App", "main", "make_handler", "serve"]
 
 def serve(args: argparse.Namespace) -> None:
     token = Path(args.token_file).read_text().strip()
-    app = App(args.name, args.role, token)
+    files = tls.Files(args.tls_cert, args.tls_key, args.tls_ca)
+    app = App(args.name, args.role, token, peers=frozenset(args.peer) if args.peer else None)
     if args.role == "node":
-        NodeAgent(app, Podman(args.name)).register()
+        NodeAgent(app, Podman(args.name), files).register()
     else:
         LanAgent(app, args.router_file).register()
     handler = make_handler(app)
@@ -44,11 +46,7 @@ def serve(args: argparse.Namespace) -> None:
         servers.append(us)
     if args.tcp:
         host, _, port = args.tcp.rpartition(":")
-        ThreadingHTTPServer.allow_reuse_address = True
-        ThreadingHTTPServer.daemon_threads = True
-        ts = ThreadingHTTPServer((host, int(port)), handler)
-        ts.socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        servers.append(ts)
+        servers.append(tls.TLSHTTPServer((host, int(port)), handler, files.server()))
     for s in servers[1:]:
         threading.Thread(target=s.serve_forever, daemon=True).start()
     print(f"agent {args.name} ({args.role}) serving on {args.uds} and {args.tcp}", flush=True)
@@ -61,7 +59,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--name", required=True)
     ap.add_argument("--uds")
     ap.add_argument("--tcp")
-    ap.add_argument("--token-file", required=True)
+    ap.add_argument("--token-file", required=True, help="the Unix socket's bearer token")
+    ap.add_argument("--tls-cert", required=True, help="this agent's certificate (of the lab's CA)")
+    ap.add_argument("--tls-key", required=True)
+    ap.add_argument("--tls-ca", required=True, help="the CA every TCP peer's certificate must chain to")
+    ap.add_argument("--peer", action="append", help="a certificate name let in over TCP (repeat; default: any)")
     ap.add_argument("--router-file", help="lan: where the lab's router choice is kept")
     args = ap.parse_args(argv)
     if not (args.uds or args.tcp):

@@ -161,6 +161,7 @@ class Record(RunRecord, total=False):
     restored_at: float
     first_answer_at: float
     criu: dict[str, Any]  # CRIU's statistics: dump, restore (pods: per member)
+    security: dict[str, Any]  # sealed checkpoints, CRIU's TLS, how agents authenticate (never a key)
     bytes: Bytes
     checkpoint_image: CheckpointImage
     stream: dict[str, Any]  # sha256 and seconds of the agent-to-agent copy

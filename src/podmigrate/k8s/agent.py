@@ -4,7 +4,14 @@ It is the lab's node agent (same route table, bearer-token auth and JSON errors,
 with a Kubernetes backend: the kubelet's Checkpoint API instead of Podman, and the same streamed
 checkpoint-image push (``transport.registry``: the archive is the image's one layer, CRI-O's
 annotations on the manifest). Restoring needs no agent: the kubelet and CRI-O restore a pod whose
-image is the checkpoint image. Routes (all need ``Authorization: Bearer <token>``)::
+image is the checkpoint image. Every request is checked against the agent's own policy
+(``k8s.policy``: ``--allowed-registries``/``$PODMIGRATE_ALLOWED_REGISTRIES``, default the one
+``$PODMIGRATE_REGISTRY``; ``--namespaces``/``$PODMIGRATE_NAMESPACES``, default all): a checkpoint of a
+pod outside the served namespaces, a push, delete or restore outside the allowed registries is refused
+whatever the caller. With ``--tls-cert``/``--tls-key`` it serves https, and with ``--client-ca`` only
+to callers showing a certificate of that CA (mutual TLS: the certificate is the identity, and
+``--client-names`` narrows it to the operator's); otherwise a request needs
+``Authorization: Bearer <token>``. Routes::
 
     GET  /healthz                       liveness (no token)
     GET  /v1/info                       node, checkpoint directory, free disk, archives present
@@ -18,8 +25,9 @@ image is the checkpoint image. Routes (all need ``Authorization: Bearer <token>`
                                         for the podmigrate RuntimeClass (``k8s.restores``); node paths
     POST /v1/restores/delete            {checkpoint_id} -> that migration's unpacked checkpoints deleted
 
-Run: ``python -m podmigrate.k8s.agent --node $NODE_NAME --kubelet https://$HOST_IP:10250 --listen
-0.0.0.0:7070`` with the token in ``$PODMIGRATE_AGENT_TOKEN`` (or ``--token-file``).
+Run: ``python -m podmigrate.k8s.agent --node $NODE_NAME --kubelet https://$HOST_IP:10250 --kubelet-ca CA
+--listen 0.0.0.0:7070 --tls-cert tls.crt --tls-key tls.key --client-ca ca.crt --health-listen
+0.0.0.0:7071`` (or, without TLS, a token in ``$PODMIGRATE_AGENT_TOKEN`` or ``--token-file``).
 """
 
 from __future__ import annotations
@@ -28,20 +36,25 @@ import argparse
 import os
 import re
 import shutil
+import ssl
 import sys
 import threading
 import time
-from http.server import ThreadingHTTPServer
+from collections.abc import Iterable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 from podmigrate.agent.http import App, make_handler
+from podmigrate.agent.tls import TLSHTTPServer
 from podmigrate.errors import UsageError
 from podmigrate.k8s.kubelet import CHECKPOINT_DIR, KubeletClient
+from podmigrate.k8s.policy import Policy, Refused, parse_list
 from podmigrate.k8s.restores import Restores
 from podmigrate.transport import registry
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
+_K8S_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # namespaces, pods, containers
 SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
@@ -51,9 +64,24 @@ def build_app(
     kubelet: KubeletClient,
     checkpoint_dir: Path = CHECKPOINT_DIR,
     restores: Restores | None = None,
+    policy: Policy | None = None,
+    peers: Iterable[str] | None = None,
 ) -> App:
-    app = App(name, "k8s-node", token)
+    """``policy``: registries and namespaces served (None: any, for tests that bring their own);
+    ``peers``: the client certificate names let in (None: any the client CA signed)."""
+    app = App(name, "k8s-node", token, frozenset(peers) if peers is not None else None)
     lock = threading.Lock()  # one kubelet checkpoint at a time: CRIU freezes are best not overlapped
+
+    def allowed(namespace: Any = None, references: Iterable[Any] = ()) -> None:
+        if policy is None:
+            return
+        try:
+            if namespace is not None:
+                policy.check_namespace(str(namespace))
+            for ref in references:
+                policy.check_registry(str(ref), "checkpoint image")
+        except Refused as e:
+            raise UsageError(f"agent {name}: {e}") from None
 
     def inside(path: str) -> Path:
         p = Path(path).resolve()
@@ -80,6 +108,10 @@ def build_app(
     @app.route("POST", "/v1/checkpoints")
     def checkpoint(p: dict[str, str], b: dict[str, Any]) -> Any:
         ns, pod, containers, cid = b["namespace"], b["pod"], list(b["containers"]), b["checkpoint_id"]
+        allowed(ns)
+        for part in (ns, pod, *containers):  # they become a kubelet URL path
+            if not _K8S_NAME.match(str(part)):
+                raise UsageError(f"not a valid namespace, pod or container name: {part!r}")
         out: dict[str, Any] = {}
         t0 = time.time()
         with lock:
@@ -106,9 +138,14 @@ def build_app(
     def images(p: dict[str, str], b: dict[str, Any]) -> Any:
         out: dict[str, Any] = {}
         t0 = time.time()
+        allowed(b.get("namespace"), [b["references"][c] for c in b["archives"]])
+        cid = b.get("checkpoint_id")
         for c, path in b["archives"].items():
-            archive = inside(path)
+            # the operator names the migration: then only its own archives, under its own tag
+            archive = inside(path) if cid is None else inside(str(ours(str(cid), c)))
             ref = b["references"][c]
+            if cid is not None and not str(ref).endswith(f":{cid}".lower()):
+                raise UsageError(f"{ref} is not tagged with its migration's id {cid}; refusing to push it")
             if not archive.exists():  # a repeated request: the first one pushed it and deleted the archive
                 host, repo, tag = registry.split_reference(ref)
                 manifest, digest = registry.Registry(host, repo=repo).get_manifest(repo, tag)
@@ -124,6 +161,7 @@ def build_app(
 
     @app.route("POST", "/v1/images/delete")
     def delete_images(p: dict[str, str], b: dict[str, Any]) -> Any:
+        allowed(b.get("namespace"), b["references"])
         return {"deleted": {ref: registry.delete_checkpoint(ref) for ref in b["references"]}}
 
     @app.route("POST", "/v1/archives/delete")
@@ -149,13 +187,55 @@ def build_app(
         return {"deleted": gone}
 
     if restores is not None:
-        restores.routes(app)
+        restores.routes(app, policy)
     return app
 
 
-def serve(app: App, listen: str) -> ThreadingHTTPServer:
+def server_context(cert: str, key: str, client_ca: str | None = None) -> ssl.SSLContext:
+    """The listener's TLS: this agent's certificate; with ``client_ca``, mutual TLS (a caller without
+    a certificate of that CA is refused in the handshake, before any byte of HTTP)."""
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+    ctx.load_cert_chain(cert, key)
+    if client_ca:
+        ctx.verify_mode = ssl.CERT_REQUIRED
+        ctx.load_verify_locations(client_ca)
+    return ctx
+
+
+def serve_health(listen: str) -> ThreadingHTTPServer:
+    """Plain ``GET /healthz`` on its own port: the kubelet's probes carry no client certificate."""
+
+    class Health(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            ok = self.path == "/healthz"
+            self.send_response(200 if ok else 404)
+            self.send_header("Content-Length", "2" if ok else "0")
+            self.end_headers()
+            if ok:
+                self.wfile.write(b"ok")
+
     host, _, port = listen.rpartition(":")
-    handler: Any = make_handler(app)
+    ThreadingHTTPServer.daemon_threads = True
+    return ThreadingHTTPServer((host or "0.0.0.0", int(port)), Health)
+
+
+def serve(app: App, listen: str, tls: ssl.SSLContext | None = None) -> ThreadingHTTPServer:
+    """The agent's listener: plain HTTP, or https with ``tls`` (``server_context``)."""
+    host, _, port = listen.rpartition(":")
+
+    class Handler(make_handler(app)):  # type: ignore[misc]
+        def end_headers(self) -> None:
+            # the handler closes after an error reply; saying so keeps a keep-alive client (the
+            # operator's) from sending its next request into the closing connection
+            if self.close_connection:
+                self.send_header("Connection", "close")
+            super().end_headers()
+
+    handler: Any = Handler
     original = handler.do_GET
 
     def do_get(self: Any) -> None:
@@ -168,30 +248,61 @@ def serve(app: App, listen: str) -> ThreadingHTTPServer:
         original(self)
 
     handler.do_GET = do_get
+    if tls is not None:
+        return TLSHTTPServer((host or "0.0.0.0", int(port)), handler, tls)
     ThreadingHTTPServer.daemon_threads = True
     ThreadingHTTPServer.allow_reuse_address = True
     return ThreadingHTTPServer((host or "0.0.0.0", int(port)), handler)
 
 
 def main(argv: list[str] | None = None) -> None:
+    env = os.environ
     ap = argparse.ArgumentParser(prog="podmigrate-k8s-agent")
-    ap.add_argument("--node", default=os.environ.get("NODE_NAME"), help="this node's name (downward API)")
-    ap.add_argument("--kubelet", default=f"https://{os.environ.get('HOST_IP', '127.0.0.1')}:10250")
+    ap.add_argument("--node", default=env.get("NODE_NAME"), help="this node's name (downward API)")
+    ap.add_argument("--kubelet", default=f"https://{env.get('HOST_IP', '127.0.0.1')}:10250")
     ap.add_argument("--kubelet-ca", default=None, help="CA of the kubelet's serving certificate")
-    ap.add_argument("--kubelet-insecure-tls", action="store_true", help="do not verify the kubelet's certificate")
+    ap.add_argument("--kubelet-insecure-tls", action="store_true", help="do not verify the kubelet (development only)")
     ap.add_argument("--kubelet-token-file", default=str(SA_TOKEN))
     ap.add_argument("--checkpoint-dir", default=str(CHECKPOINT_DIR))
     ap.add_argument("--restore-dir", help="the podmigrate RuntimeClass's checkpoint directory (enables it)")
     ap.add_argument("--listen", default="0.0.0.0:7070")
+    ap.add_argument("--health-listen", help="plain-HTTP /healthz for the kubelet's probes, e.g. 0.0.0.0:7071")
+    ap.add_argument("--tls-cert", help="serve https with this certificate (PEM)")
+    ap.add_argument("--tls-key", help="... and its key")
+    ap.add_argument("--client-ca", help="mutual TLS: only callers with a certificate of this CA")
+    ap.add_argument("--client-names", default="", help="comma-separated certificate names let in (default: any)")
+    ap.add_argument("--allowed-registries", default=env.get("PODMIGRATE_ALLOWED_REGISTRIES", ""),
+                    help="comma-separated host[:port][/path-prefix] (default: $PODMIGRATE_REGISTRY)")  # fmt: skip
+    ap.add_argument("--namespaces", default=env.get("PODMIGRATE_NAMESPACES", ""), help="served (default: all)")
     ap.add_argument("--token-file", help="agent API token (default: $PODMIGRATE_AGENT_TOKEN)")
     args = ap.parse_args(argv)
-    token = Path(args.token_file).read_text().strip() if args.token_file else os.environ.get("PODMIGRATE_AGENT_TOKEN")
-    if not token or not args.node:
-        sys.exit("podmigrate-k8s-agent: needs --node (or $NODE_NAME) and a token ($PODMIGRATE_AGENT_TOKEN)")
+    token = Path(args.token_file).read_text().strip() if args.token_file else env.get("PODMIGRATE_AGENT_TOKEN", "")
+    if not args.node:
+        sys.exit("podmigrate-k8s-agent: needs --node (or $NODE_NAME)")
+    if bool(args.tls_cert) != bool(args.tls_key) or (args.client_ca and not args.tls_cert):
+        sys.exit("podmigrate-k8s-agent: --tls-cert and --tls-key go together; --client-ca needs them")
+    if not token and not args.client_ca:  # neither a token nor a certificate would let anyone in
+        sys.exit("podmigrate-k8s-agent: needs --client-ca (mutual TLS) or a token ($PODMIGRATE_AGENT_TOKEN)")
+    policy = Policy.from_env(
+        {"PODMIGRATE_ALLOWED_REGISTRIES": args.allowed_registries, "PODMIGRATE_NAMESPACES": args.namespaces},
+        env.get("PODMIGRATE_REGISTRY"),
+    )
+    if not policy.registries:
+        sys.exit("podmigrate-k8s-agent: no registry allowed: set $PODMIGRATE_REGISTRY or --allowed-registries")
+    if args.kubelet_insecure_tls:
+        print("warning: --kubelet-insecure-tls: the kubelet is not verified; use --kubelet-ca", file=sys.stderr)
     kubelet = KubeletClient(args.kubelet, Path(args.kubelet_token_file), args.kubelet_ca, args.kubelet_insecure_tls)
     restores = Restores(Path(args.restore_dir), Path(args.restore_dir)) if args.restore_dir else None
-    server = serve(build_app(args.node, token, kubelet, Path(args.checkpoint_dir), restores), args.listen)
-    print(f"podmigrate node agent {args.node} on {args.listen}, kubelet {args.kubelet}", flush=True)
+    peers = parse_list(args.client_names) or None
+    app = build_app(args.node, token, kubelet, Path(args.checkpoint_dir), restores, policy, peers)
+    tls = server_context(args.tls_cert, args.tls_key, args.client_ca) if args.tls_cert else None
+    server = serve(app, args.listen, tls)
+    if args.health_listen:
+        health = serve_health(args.health_listen)
+        threading.Thread(target=health.serve_forever, name="health", daemon=True).start()
+    scheme = "https" + (" (mutual TLS)" if args.client_ca else "") if tls else "http"
+    print(f"podmigrate node agent {args.node} on {args.listen} ({scheme}), kubelet {args.kubelet}, "
+          f"registries {', '.join(policy.registries)}", flush=True)  # fmt: skip
     server.serve_forever()
 
 

@@ -6,12 +6,14 @@ Neighbours: ``k8s.agent`` is what answers; ``client.AgentClient`` does the HTTP 
 
 from __future__ import annotations
 
+import ssl
 from dataclasses import dataclass, field
 from typing import Any
 
 from podmigrate.client import AgentClient
 from podmigrate.errors import AgentError
 from podmigrate.k8s import api as k
+from podmigrate.k8s.policy import Policy
 
 AGENT_LABELS = "app.kubernetes.io/name=podmigrate-agent"
 
@@ -23,6 +25,28 @@ class Config:
     agent_token: str = ""
     agent_port: int = 7070
     poll_s: float = 0.5
+    allowed_registries: tuple[str, ...] = ()  # empty: only ``registry``
+    namespaces: tuple[str, ...] = ()  # empty: every namespace
+    # mutual TLS to the agents: the CA that signed their certificates, and the operator's own
+    agent_ca: str = ""
+    agent_cert: str = ""
+    agent_key: str = ""
+    # agents are dialled at their pod IPs, which no certificate made before the pod can name: with a CA
+    # that signs only podmigrate's agents and operator, the chain is the identity (False in clusters)
+    agent_check_hostname: bool = True
+
+    def policy(self) -> Policy:
+        return Policy.of(self.allowed_registries or (self.registry,), self.namespaces or None)
+
+    def agent_tls(self) -> ssl.SSLContext | None:
+        if not self.agent_ca:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.agent_ca)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
+        ctx.check_hostname = self.agent_check_hostname  # verify_mode stays CERT_REQUIRED either way
+        if self.agent_cert:
+            ctx.load_cert_chain(self.agent_cert, self.agent_key or None)
+        return ctx
 
 
 @dataclass
@@ -32,6 +56,7 @@ class Agents:
     api: k.KubeAPI
     config: Config
     clients: dict[str, AgentClient] = field(default_factory=dict)
+    _tls: ssl.SSLContext | None = None
 
     def url(self, node: str) -> str:
         for pod in self.api.list(
@@ -44,7 +69,8 @@ class Agents:
                 for p in c.get("ports") or []:
                     if p.get("name") == "agent":
                         port = int(p["containerPort"])
-            return f"http://{pod['status']['podIP']}:{port}"
+            scheme = "https" if self.config.agent_ca else "http"
+            return f"{scheme}://{pod['status']['podIP']}:{port}"
         raise AgentError(
             f"no ready podmigrate agent on node {node!r} (namespace {self.config.agent_namespace})",
             hint="is the podmigrate-agent DaemonSet scheduled there? check taints and tolerations",
@@ -62,12 +88,15 @@ class Agents:
     def _client(self, node: str, timeout: float) -> AgentClient:
         url = self.url(node)
         if url not in self.clients:
+            if self._tls is None:
+                self._tls = self.config.agent_tls()  # one context (and one read of the key) for all agents
             self.clients[url] = AgentClient(
                 node,
                 None,
                 self.config.agent_token,
                 timeout,
                 base_url=url,
+                tls=self._tls,
                 unreachable_hint="is the agent pod running? kubectl -n podmigrate-system get pods -o wide",
             )
         return self.clients[url]

@@ -4,7 +4,16 @@ Run with ``kopf run -m podmigrate.k8s.operator --all-namespaces`` (the Deploymen
 ``podmigrate k8s operator``. Configuration comes from the environment:
 
 - ``PODMIGRATE_REGISTRY``: default registry/prefix for checkpoint images;
-- ``PODMIGRATE_AGENT_NAMESPACE``, ``PODMIGRATE_AGENT_TOKEN`` (from the agents' Secret);
+- ``PODMIGRATE_ALLOWED_REGISTRIES``: comma-separated ``host[:port][/path-prefix]`` a migration may
+  push to and restore from (``k8s.policy``; default: ``PODMIGRATE_REGISTRY`` alone); a
+  ``spec.registry`` outside it is refused before anything is frozen;
+- ``PODMIGRATE_NAMESPACES``: comma-separated namespaces served (default: all); a migration elsewhere
+  is refused;
+- ``PODMIGRATE_AGENT_NAMESPACE``, ``PODMIGRATE_AGENT_TOKEN`` (optional: empty sends none);
+- ``PODMIGRATE_AGENT_CA``, ``PODMIGRATE_AGENT_CERT``, ``PODMIGRATE_AGENT_KEY``: call the agents over
+  https with this client certificate (mutual TLS), their certificates checked against the CA;
+  ``PODMIGRATE_AGENT_CHECK_HOSTNAME=0`` accepts any agent certificate of that CA (agents are dialled at
+  pod IPs that their certificates cannot name);
 - ``PODMIGRATE_METRICS_PORT`` (default 8080; 0 turns the Prometheus endpoint off);
 - ``PODMIGRATE_KUBE_SERVER``: talk to this API server instead of the in-cluster one (development and
   the tests, which point it at the kmock emulator).
@@ -31,6 +40,7 @@ from podmigrate.k8s import api as k
 from podmigrate.k8s import controller
 from podmigrate.k8s.context import K8sRecord
 from podmigrate.k8s.crd import GROUP, PLURAL, TERMINAL, VERSION
+from podmigrate.k8s.policy import NAMESPACES_ENV, REGISTRIES_ENV, parse_list
 
 MIGRATIONS = Counter("podmigrate_migrations_total", "Finished migrations by result and mode", ["result", "mode"])
 PHASE_SECONDS = Histogram(
@@ -51,11 +61,18 @@ _validate_lock = threading.Lock()  # check-and-set of the per-pod lock within th
 
 
 def config() -> controller.Config:
+    env = os.environ
     return controller.Config(
-        registry=os.environ.get("PODMIGRATE_REGISTRY", controller.Config.registry),
-        agent_namespace=os.environ.get("PODMIGRATE_AGENT_NAMESPACE", controller.Config.agent_namespace),
-        agent_token=os.environ.get("PODMIGRATE_AGENT_TOKEN", ""),
-        poll_s=float(os.environ.get("PODMIGRATE_POLL_S", controller.Config.poll_s)),
+        registry=env.get("PODMIGRATE_REGISTRY", controller.Config.registry),
+        agent_namespace=env.get("PODMIGRATE_AGENT_NAMESPACE", controller.Config.agent_namespace),
+        agent_token=env.get("PODMIGRATE_AGENT_TOKEN", ""),
+        poll_s=float(env.get("PODMIGRATE_POLL_S", controller.Config.poll_s)),
+        allowed_registries=parse_list(env.get(REGISTRIES_ENV)),
+        namespaces=parse_list(env.get(NAMESPACES_ENV)),
+        agent_ca=env.get("PODMIGRATE_AGENT_CA", ""),
+        agent_cert=env.get("PODMIGRATE_AGENT_CERT", ""),
+        agent_key=env.get("PODMIGRATE_AGENT_KEY", ""),
+        agent_check_hostname=env.get("PODMIGRATE_AGENT_CHECK_HOSTNAME", "1") not in ("0", "false", "no"),
     )
 
 

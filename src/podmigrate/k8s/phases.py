@@ -20,6 +20,7 @@ from podmigrate.errors import PodmigrateError
 from podmigrate.k8s import api as k
 from podmigrate.k8s.context import INSTANCE, Ctx
 from podmigrate.k8s.pods import pod_copy, wait_gone, wait_ready
+from podmigrate.k8s.policy import by_digest
 from podmigrate.k8s.runtimes import RUNTIME_CLASS
 from podmigrate.k8s.validate import validate
 
@@ -125,6 +126,7 @@ def package(ctx: Ctx) -> None:
         {
             "namespace": ctx.ns,
             "pod": ctx.spec["podName"],
+            "checkpoint_id": ctx.rec["id"],
             "archives": ctx.rec["archives"],
             "references": ctx.rec["references"],
             "compression": ctx.spec["compression"],
@@ -136,7 +138,8 @@ def package(ctx: Ctx) -> None:
 
 
 def delete_images(ctx: Ctx) -> Any:
-    return ctx.agents.call(ctx.rec["source"], "/v1/images/delete", {"references": list(ctx.rec["references"].values())})
+    body = {"namespace": ctx.ns, "references": list(ctx.rec["references"].values())}
+    return ctx.agents.call(ctx.rec["source"], "/v1/images/delete", body)
 
 
 def undo_package(ctx: Ctx) -> str:
@@ -164,12 +167,15 @@ def _copy(ctx: Ctx) -> dict[str, Any]:
     podmigrate RuntimeClass and, per container, the directory the target's agent verified."""
     rec = ctx.rec
     refs, digests = rec.get("images") or {}, rec.get("digests") or {}
+    if missing := sorted(set(refs) - set(digests)):  # never fall back to the tag: it can be moved
+        raise PodmigrateError(f"no pushed digest recorded for {missing}; refusing to restore by tag")
     if rec.get("restore_path") != "runtimeclass":
-        images = {c: f"{ref.rsplit(':', 1)[0]}@{digests[c]}" if c in digests else ref for c, ref in refs.items()}
+        images = {c: by_digest(ref, digests[c]) for c, ref in refs.items()}
         return pod_copy(rec["source_pod"], rec["restored"], rec["target"], images, ctx.name)
     if refs:
-        body = {
+        body = {  # the agent pulls ``reference@digest``, and checks the registry's answer against it
             "checkpoint_id": rec["id"],
+            "namespace": ctx.ns,
             "images": {c: {"reference": r, "digest": digests[c]} for c, r in refs.items()},
         }
         out = ctx.agents.call(rec["target"], "/v1/restores", body)

@@ -1,11 +1,13 @@
 """The node agent's side of the RuntimeClass restore path: fetch, verify and unpack a checkpoint image.
 
 The podmigrate RuntimeClass (``runtime.runc_restore`` on the node) restores from a directory, never
-from a registry: the agent pulls each checkpoint image first, checks that the manifest is the one the
-source pushed (its digest, recorded by the operator at package) and that the layer matches its digest
-(``transport.registry.pull_checkpoint``), unpacks ``checkpoint/`` and ``rootfs-diff.tar``, and only
-then writes ``podmigrate-verified.json``, without which the wrapper refuses to restore. A tampered or
-replaced image is refused here, before anything runs. Everything is 0700/0600: it is process memory.
+from a registry: the agent pulls each checkpoint image first by ``reference@digest`` (the manifest
+digest the operator recorded at package: a tag moved since is not followed), checks that the registry
+answered that manifest and that the layer matches its digest (``transport.oci``), unpacks
+``checkpoint/`` and ``rootfs-diff.tar``, and only then writes ``podmigrate-verified.json``, without
+which the wrapper refuses to restore. A tampered or replaced image is refused here, before anything
+runs; so is one from a registry outside the agent's allow-list. Everything is 0700/0600: it is
+process memory.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from typing import Any
 
 from podmigrate.agent.http import App
 from podmigrate.errors import TransportError, UsageError
+from podmigrate.k8s.policy import Policy, Refused, by_digest
 from podmigrate.transport import registry
+from podmigrate.transport.oci import LAYER_TYPE, MEDIA_SUFFIX, SEALED_SUFFIX
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 VERIFIED = "podmigrate-verified.json"  # runtime.runc_restore looks for it
@@ -54,14 +58,11 @@ class Restores:
         local.mkdir(mode=0o700, parents=True)
         with tempfile.TemporaryDirectory(dir=local.parent) as tmp:
             archive = Path(tmp) / "layer.tar"
-            pulled = registry.pull_checkpoint(reference, archive)
-            if pulled["manifest_digest"] != digest:
+            try:
+                pulled = pull_by_digest(reference, digest, archive)
+            except TransportError:
                 shutil.rmtree(local, ignore_errors=True)
-                raise TransportError(
-                    f"{reference} is not the checkpoint image that was pushed: manifest {pulled['manifest_digest']}, "
-                    f"expected {digest}; refusing to restore it",
-                    hint="someone replaced the tag in the registry; the migration rolls back, the source keeps serving",
-                )
+                raise
             _unpack(archive, local)
         os.umask(0o077)
         info = {**{k: pulled[k] for k in ("reference", "manifest_digest", "layer_digest", "bytes")}, "at": time.time()}
@@ -74,15 +75,55 @@ class Restores:
         shutil.rmtree(local, ignore_errors=True)
         return existed
 
-    def routes(self, app: App) -> None:
+    def routes(self, app: App, policy: Policy | None = None) -> None:
+        """``policy``: the registries (and namespaces) this node restores from; a checkpoint from
+        elsewhere would run whatever its author put in it."""
+
         @app.route("POST", "/v1/restores")
         def fetch(p: dict[str, str], b: dict[str, Any]) -> Any:
+            if policy is not None:
+                try:
+                    if b.get("namespace"):
+                        policy.check_namespace(str(b["namespace"]))
+                    for i in b["images"].values():
+                        policy.check_registry(str(i["reference"]), "restore from")
+                except Refused as e:
+                    raise UsageError(f"agent {app.name}: {e}") from None
             out = {c: self.fetch(b["checkpoint_id"], c, i["reference"], i["digest"]) for c, i in b["images"].items()}
             return {"restores": out}
 
         @app.route("POST", "/v1/restores/delete")
         def delete(p: dict[str, str], b: dict[str, Any]) -> Any:
             return {"deleted": self.delete(b["checkpoint_id"])}
+
+
+def pull_by_digest(reference: str, digest: str, dest: Path) -> dict[str, Any]:
+    """The checkpoint layer of ``reference``'s manifest ``digest`` into ``dest``, checked on the way."""
+    try:
+        pinned = by_digest(reference, digest)
+    except Refused as e:
+        raise TransportError(str(e)) from None
+    host, _, rest = pinned.partition("/")
+    repo = rest.partition("@")[0]
+    reg = registry.Registry(host, repo=repo)
+    refused = f"{reference} is not the checkpoint image that was pushed"
+    hint = "someone replaced or deleted it in the registry; the migration rolls back, the source keeps serving"
+    try:
+        manifest, got = reg.get_manifest(repo, digest)
+    except TransportError as e:
+        raise TransportError(f"{refused}: no manifest {digest} ({e.message}); refusing to restore it", hint=hint) from e
+    if got != digest:  # the registry addresses manifests by content; one that says otherwise lies
+        raise TransportError(f"{refused}: manifest {got}, expected {digest}; refusing to restore it", hint=hint)
+    ann = manifest.get("annotations") or {}
+    layers = manifest.get("layers") or []
+    if registry.CRIO_ANNOTATION not in ann or len(layers) != 1:
+        raise TransportError(f"{pinned} is not a podmigrate checkpoint image; refusing to restore it")
+    mt = str(layers[0].get("mediaType", LAYER_TYPE))
+    if mt.endswith(SEALED_SUFFIX):  # the RuntimeClass path has no key to open it with
+        raise TransportError(f"{pinned} is sealed for a migration; this restore path cannot open it")
+    compression = next((c for c, suf in MEDIA_SUFFIX.items() if suf and mt.endswith(suf)), "none")
+    size = reg.fetch_blob(repo, layers[0]["digest"], dest, layers[0].get("size"), compression)
+    return {"reference": pinned, "manifest_digest": digest, "layer_digest": layers[0]["digest"], "bytes": size}
 
 
 def _unpack(archive: Path, dest: Path) -> None:

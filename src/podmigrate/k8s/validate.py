@@ -15,10 +15,12 @@ from podmigrate.k8s import api as k
 from podmigrate.k8s import runtimes
 from podmigrate.k8s.context import LOCK, Ctx
 from podmigrate.k8s.crd import SpecError, short_name
+from podmigrate.k8s.policy import Refused
 
 
 def validate(ctx: Ctx) -> None:
     rec, spec = ctx.rec, ctx.spec
+    _allowed(ctx)
     pod = ctx.api.get(k.pods(ctx.ns, spec["podName"]))
     if pod is None:
         raise SpecError(f"spec.podName: there is no pod {spec['podName']!r} in namespace {ctx.ns!r}")
@@ -58,7 +60,7 @@ def validate(ctx: Ctx) -> None:
     rec["source_pod"] = _clean_copy(pod, ctx.ns)
     rec.setdefault("id", f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
     rec["restored"] = f"{short_name(spec['podName'])}-m{rec['id'][-6:]}"
-    base = spec.get("registry") or ctx.config.registry
+    base = _registry(ctx)
     rec["references"] = {c: f"{base}/{ctx.ns}-{short_name(spec['podName'])}-{c}:{rec['id']}".lower() for c in wanted}
     rec["services"] = _services(ctx, pod)
     if not rec["services"]:
@@ -66,6 +68,27 @@ def validate(ctx: Ctx) -> None:
     _warn_volumes(ctx, pod)
     rec["spec"] = spec  # from here on the spec the migration started with, whatever edits come later
     ctx.api.patch(k.pods(ctx.ns, spec["podName"]), {"metadata": {"annotations": {LOCK: ctx.name}}})
+
+
+def _registry(ctx: Ctx) -> str:
+    return str(ctx.spec.get("registry") or ctx.config.registry).rstrip("/")
+
+
+def _allowed(ctx: Ctx) -> None:
+    """Before any other read: the namespace is served, the pod is one of it, the registry is allowed."""
+    policy = ctx.config.policy()
+    try:
+        policy.check_namespace(ctx.ns)
+    except Refused as e:
+        raise SpecError(f"PodLiveMigration {ctx.ns}/{ctx.name}: {e}", reason="NamespaceNotServed") from None
+    for field in ("podName", "service"):
+        # the schema's pattern already forbids it; a path separator would address another namespace
+        if "/" in str(ctx.spec.get(field) or ""):
+            raise SpecError(f"spec.{field}: a PodLiveMigration moves only pods of its own namespace {ctx.ns!r}")
+    try:
+        policy.check_registry(_registry(ctx), "spec.registry" if ctx.spec.get("registry") else "the registry")
+    except Refused as e:
+        raise SpecError(str(e), reason="RegistryNotAllowed") from None
 
 
 def _restore_path(ctx: Ctx, target: str) -> str:

@@ -5,11 +5,16 @@
 - the API server (emulated: ``kubelab.apiserver``), the one part that cannot run here;
 - ``localhost:5000``, the lab's registry under the name every node's containerd pulls from, so one
   image reference works for the agents that push and the runtimes that pull;
+- a CA in ``workdir/pki`` (``podmigrate.pki``): the kubelets' serving certificates, each agent's and
+  the operator's (every leaf serves and calls: mutual TLS);
 - per node, a kubelet on that node's containerd (``kubelab.kubelet``) with a serving certificate and
-  a token, and the podmigrate node agent (``k8s.agent``) that calls it; the agent runs beside the
-  kubelet as a static pod would, and is in the API as its mirror pod;
+  a token, and the podmigrate node agent (``k8s.agent``) that calls it, verifying the kubelet against
+  the CA; the agent serves https to the operator's certificate only, and checks every request against
+  the allowed registries; it runs beside the kubelet as a static pod would, and is in the API as its
+  mirror pod;
 - the RuntimeClass ``podmigrate`` (the node's restore handler, ``runtime.runc_restore``);
-- the operator: ``kopf run -m podmigrate.k8s.operator``, in its own process.
+- the operator: ``kopf run -m podmigrate.k8s.operator``, in its own process, calling the agents over
+  https with its client certificate and no token.
 
 The calling thread stays in the LAN's namespace until ``close()``: from there the tests, the demo and
 the bench reach the API server, the pods at their addresses and the registry. Used by
@@ -35,19 +40,23 @@ from podmigrate.errors import LabError
 from podmigrate.k8s import agent as node_agent
 from podmigrate.k8s import api as k
 from podmigrate.k8s.kubelet import KubeletClient
+from podmigrate.k8s.policy import Policy
 from podmigrate.k8s.restores import Restores
 from podmigrate.kubelab import netns
 from podmigrate.kubelab.apiserver import APIServer
 from podmigrate.kubelab.kubelet import MIRROR, Kubelet, KubeletConfig
 from podmigrate.lab import containerd
 from podmigrate.lab.cluster import Lab
+from podmigrate.pki import CA, Identity
 
 AGENT_NS = "podmigrate-system"
 RUNTIME_CLASS = "podmigrate"
+OPERATOR = "podmigrate-operator"  # the operator's certificate name: the only caller the agents let in
 
 
 def self_signed(directory: Path, name: str) -> tuple[Path, Path]:
-    """A serving certificate for 127.0.0.1 (openssl: the lab's CA is issue 13's work)."""
+    """A self-signed serving certificate for 127.0.0.1, its own CA (openssl): for tests that need one
+    TLS endpoint and nothing else (``tests/tls_helpers.py``); the cluster itself uses its CA."""
     cert, key = directory / f"{name}.crt", directory / f"{name}.key"
     if not cert.exists():
         subprocess.run(
@@ -75,7 +84,8 @@ class KubeLab:
     poll_s: float = 0.05
     operator_env: dict[str, str] = field(default_factory=dict)
     registry: str = f"{containerd.NODE_REGISTRY}/checkpoints"
-    agent_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    # where the operator and the agents let checkpoints go (None: ``registry`` alone)
+    allowed_registries: list[str] | None = None
     kubelet_token: str = field(default_factory=lambda: secrets.token_hex(16))
     nodes: dict[str, Node] = field(default_factory=dict)
     operator: subprocess.Popen[bytes] | None = None
@@ -111,10 +121,15 @@ class KubeLab:
         rc = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": RUNTIME_CLASS},
               "handler": containerd.RESTORE_HANDLER}  # fmt: skip
         self.api.create("/apis/node.k8s.io/v1/runtimeclasses", rc)
-        cert, key = self_signed(self.workdir, "kubelet")
+        self.ca = CA(self.workdir / "pki", "kubelab")
+        self.operator_identity: Identity = self.ca.issue(OPERATOR)
+        kubelet = self.ca.issue("kubelet", ips=["127.0.0.1"])
         for name in self.lab.nodes:
-            self.add_node(name, cert, key)
+            self.add_node(name, kubelet.cert, kubelet.key)
         self.start_operator()
+
+    def policy(self) -> Policy:
+        return Policy.of(self.allowed_registries or [self.registry])
 
     def add_node(self, name: str, cert: Path, key: Path) -> Node:
         config = KubeletConfig(name, layout.node_ip(name), self.lab.dir / "cri" / f"{name}.sock",
@@ -123,12 +138,16 @@ class KubeLab:
         self._stack.callback(kubelet.close)
         base = self.lab.dir / "nodes" / name
         checkpoints = base / "kubelet" / "checkpoints"
-        client = KubeletClient(kubelet.url, self.kubelet_token, ca=str(cert))
+        client = KubeletClient(kubelet.url, self.kubelet_token, ca=str(self.ca.cert_path))
+        # no token: only a caller with the operator's certificate gets past the handshake and the name check
         app = node_agent.build_app(
-            name, self.agent_token, client, checkpoints,
+            name, "", client, checkpoints,
             restores=Restores(base / "podmigrate-restore", Path(containerd.RESTORE_DIR)),
+            policy=self.policy(), peers=[OPERATOR],
         )  # fmt: skip
-        server = node_agent.serve(app, "127.0.0.1:0")
+        ident = self.ca.issue(f"podmigrate-agent-{name}", ips=["127.0.0.1"])
+        tls = node_agent.server_context(str(ident.cert), str(ident.key), client_ca=str(self.ca.cert_path))
+        server = node_agent.serve(app, "127.0.0.1:0", tls)
         threading.Thread(target=server.serve_forever, name=f"agent-{name}", daemon=True).start()
         self._stack.callback(server.server_close)
         self._stack.callback(server.shutdown)
@@ -145,9 +164,10 @@ class KubeLab:
         return node
 
     def agent(self, node: str) -> AgentClient:
-        """A client of ``node``'s agent, as the operator calls it."""
+        """A client of ``node``'s agent, as the operator calls it (https, its certificate, no token)."""
         port = self.nodes[node].agent.server_address[1]
-        return AgentClient(node, None, self.agent_token, 900.0, base_url=f"http://127.0.0.1:{port}")
+        tls = self.operator_identity.client_context()
+        return AgentClient(node, None, "", 900.0, base_url=f"https://127.0.0.1:{port}", tls=tls)
 
     # ------------------------------------------------------------------------------ operator
     def start_operator(self) -> None:
@@ -155,8 +175,12 @@ class KubeLab:
         env = {
             **os.environ,
             "PODMIGRATE_KUBE_SERVER": self.apiserver.url,
-            "PODMIGRATE_AGENT_TOKEN": self.agent_token,
+            "PODMIGRATE_AGENT_TOKEN": "",  # the certificate is the identity
+            "PODMIGRATE_AGENT_CA": str(self.ca.cert_path),
+            "PODMIGRATE_AGENT_CERT": str(self.operator_identity.cert),
+            "PODMIGRATE_AGENT_KEY": str(self.operator_identity.key),
             "PODMIGRATE_REGISTRY": self.registry,
+            "PODMIGRATE_ALLOWED_REGISTRIES": ",".join(self.policy().registries),
             "PODMIGRATE_METRICS_PORT": str(self.metrics_port),
             "PODMIGRATE_POLL_S": str(self.poll_s),
             **self.operator_env,

@@ -161,6 +161,21 @@ class Lab:
         finally:
             lan.close()
 
+    # ------------------------------------------------------------------ security
+    def security(self) -> str:
+        """``on`` (sealed checkpoints, CRIU's pages under TLS) unless set ``off`` to measure its cost."""
+        path = self.dir / "security"
+        return "off" if path.exists() and path.read_text().strip() == "off" else "on"
+
+    def set_security(self, setting: str) -> dict[str, Any]:
+        if setting not in ("on", "off"):
+            raise UsageError(f"security is on or off, not {setting!r}")
+        self.require_up()
+        tmp = self.dir / "security.new"
+        tmp.write_text(setting)
+        tmp.replace(self.dir / "security")  # agents read it at every call: never half-written
+        return {"security": setting}
+
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
         pid = self.holder_pid()
@@ -168,7 +183,13 @@ class Lab:
         if pid is None:
             return out
         cfg = self.config()
-        out.update(pid=pid, registry=f"http://{layout.REGISTRY}", runtime=cfg.get("runtime", "podman"), nodes=[])
+        out.update(
+            pid=pid,
+            registry=f"http://{layout.REGISTRY}",
+            runtime=cfg.get("runtime", "podman"),
+            security=self.security(),
+            nodes=[],
+        )
         lan = self.agent("lan", timeout=5)
         try:
             out["lan"] = {

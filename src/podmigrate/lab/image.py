@@ -40,6 +40,7 @@ PACKAGES = [
     "util-linux",
     "docker-registry",
     "python3",
+    "python3-cryptography",  # the agents seal checkpoints with AES-GCM (transport.seal)
     "mmdebstrap",
     "zstd",
     "jq",

@@ -90,6 +90,36 @@ def setup_network(nodes: list[str]) -> None:
         sh("nsenter", f"--net=/run/netns/{n}", "sysctl", "-qw", "net.ipv4.ip_forward=1")
         # the node's container subnet is routed to it; a migrated container gets a /32 of its own
         sh("ip", "-n", "lan", "route", "add", layout.node_range(n), "via", ip)
+        guard_node(n)
+
+
+GUARD = """\
+table inet podmigrate_guard {{
+  chain input {{
+    type filter hook input priority -10; policy accept;
+    ip saddr {workloads} tcp flags & (syn | ack) == syn drop
+    ip saddr {workloads} meta l4proto udp drop
+  }}
+  chain forward {{
+    type filter hook forward priority -10; policy accept;
+    ip saddr {workloads} ip daddr {lan} tcp flags & (syn | ack) == syn drop
+    ip saddr {workloads} ip daddr {lan} meta l4proto udp drop
+  }}
+}}
+"""
+
+
+def guard_node(name: str) -> None:
+    """Workloads cannot open connections to their node (its agent, page servers, lazy-pages dumps)
+    nor to anything on the LAN's own subnet (other nodes, the LAN agent, the registry). Only
+    connection openings are dropped, not packets of connections: a restored container's TCP
+    connections arrive mid-stream on a node that never saw them open."""
+    rules = GUARD.format(workloads=layout.WORKLOAD_SUBNET, lan=f"{layout.LAN_GATEWAY}/{layout.LAN_PREFIX}")
+    p = subprocess.run(
+        ["nsenter", f"--net=/run/netns/{name}", "nft", "-f", "-"], input=rules, capture_output=True, text=True, env=ENV
+    )
+    if p.returncode:
+        raise RuntimeError(f"nft guard on {name} failed: {p.stderr.strip()}")
 
 
 class Service:
@@ -127,7 +157,10 @@ class Service:
         self.start()
 
 
-def agent_argv(role: str, name: str, listen_ip: str) -> list[str]:
+def agent_argv(role: str, name: str, listen_ip: str, peers: list[str]) -> list[str]:
+    """An agent: its Unix socket for the controller (token), its TCP port for the other nodes
+    (mutual TLS with the lab's certificates, ``peers`` the names let in)."""
+    pki = STATE / "pki"
     return [
         "python3",
         "-m",
@@ -142,6 +175,13 @@ def agent_argv(role: str, name: str, listen_ip: str) -> list[str]:
         f"{listen_ip}:{layout.AGENT_PORT}",
         "--token-file",
         f"{STATE}/token",
+        "--tls-cert",
+        f"{pki}/{name}.crt",
+        "--tls-key",
+        f"{pki}/{name}.key",
+        "--tls-ca",
+        f"{pki}/ca.crt",
+        *(arg for p in peers for arg in ("--peer", p)),
     ]
 
 
@@ -240,7 +280,7 @@ def lab_main() -> None:
     for s in services:
         s.start()
     wait_files([STATE / "pids" / f"{n}.ready" for n in nodes], 120, "node holders")
-    lan_argv = [*agent_argv("lan", "lan", layout.LAN_GATEWAY), "--router-file", f"{STATE}/router"]
+    lan_argv = [*agent_argv("lan", "lan", layout.LAN_GATEWAY, nodes), "--router-file", f"{STATE}/router"]
     services.append(Service("lan", ["nsenter", "--net=/run/netns/lan", *lan_argv]))
     for n in nodes:
         holder = (STATE / "pids" / f"holder-{n}.pid").read_text().strip()
@@ -257,7 +297,7 @@ def lab_main() -> None:
                     "-r",
                     "-w",
                     "--",
-                    *agent_argv("node", n, layout.node_ip(n)),
+                    *agent_argv("node", n, layout.node_ip(n), [x for x in nodes if x != n]),
                 ],
                 cgroup=f"/sys/fs/cgroup/{cg}/{n}/init",
             )

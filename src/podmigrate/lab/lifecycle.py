@@ -22,6 +22,7 @@ from podmigrate.errors import LabError, PreflightError, UsageError
 from podmigrate.lab import host, preflight
 from podmigrate.lab.claims import Claims
 from podmigrate.lab.host import Report
+from podmigrate.pki import CA
 
 if TYPE_CHECKING:
     from podmigrate.lab.cluster import Lab
@@ -107,6 +108,16 @@ def up(lab: Lab, nodes: int, report: Report, router: str | None, runtime: str = 
     return lab.status()
 
 
+def issue_identities(lab: Lab, names: list[str]) -> None:
+    """The lab's CA and a certificate per node (its LAN address), for the LAN agent and for the
+    controller: agents know each other by these, never by a shared secret (``agent.tls``)."""
+    ca = CA(lab.dir / "pki", f"lab {lab.name}")
+    for n in names:
+        ca.issue(n, ips=[layout.node_ip(n)])
+    ca.issue("lan", ips=[layout.LAN_GATEWAY])
+    ca.issue("controller")
+
+
 def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -> None:
     report(f"starting lab {lab.name!r} with nodes {', '.join(names)}")
     lab.dir.mkdir(parents=True, exist_ok=True)
@@ -125,6 +136,8 @@ def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -
     fd = os.open(lab.dir / "token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
+    issue_identities(lab, names)
+    (lab.dir / "security").unlink(missing_ok=True)  # a fresh lab seals, whatever a bench left
     (lab.dir / "registry.yml").write_text(REGISTRY_YML)
     (lab.dir / "lab.json").write_text(
         json.dumps(

@@ -121,11 +121,19 @@ class Runtime(Protocol):
     ) -> dict[str, Any]: ...  # recreate the pod and restore its members into it
 
     # ---- streamed and post-copy memory (the processes returned run on after the call)
+    # ``tls``: CRIU's TLS options as runc.conf lines (``tls``, ``tls-cacert=...``), empty for none
     def page_server(
-        self, images: Path, address: str, port: int
+        self, images: Path, address: str, port: int, *, tls: tuple[str, ...] = ()
     ) -> subprocess.Popen[bytes]: ...  # receive a dump's pages into ``images``
     def lazy_checkpoint(
-        self, name: str, archive: Path, address: str, port: int, *, tcp_established: bool = True
+        self,
+        name: str,
+        archive: Path,
+        address: str,
+        port: int,
+        *,
+        tcp_established: bool = True,
+        tls: tuple[str, ...] = (),
     ) -> tuple[subprocess.Popen[str], dict[str, float]]: ...  # dump all but memory, then serve the pages
     def lazy_restore(
         self,
@@ -137,4 +145,5 @@ class Runtime(Protocol):
         *,
         tcp_established: bool = True,
         wake_faults: bool = True,
+        tls: tuple[str, ...] = (),
     ) -> tuple[dict[str, Any], subprocess.Popen[bytes], FaultWaker | None]: ...  # restore, pages fetched on fault

@@ -25,7 +25,14 @@ from podmigrate.runtime.uffd import FaultWaker
 
 class PodmanLazy(PodmanCLI):
     def lazy_checkpoint(
-        self, name: str, archive: Path, address: str, port: int, *, tcp_established: bool = True
+        self,
+        name: str,
+        archive: Path,
+        address: str,
+        port: int,
+        *,
+        tcp_established: bool = True,
+        tls: tuple[str, ...] = (),
     ) -> tuple[subprocess.Popen[str], dict[str, float]]:
         """Start a lazy-pages dump: CRIU dumps everything but the memory, then serves the pages from
         ``address:port`` until the target has them all (the returned process ends then).
@@ -33,7 +40,7 @@ class PodmanLazy(PodmanCLI):
         Podman only exports its archive at the very end, so the few MB the target needs now
         (config.dump, spec.dump, the CRIU images without pages, the root file system's changes) are
         packed into ``archive`` here from the container's own directory, the way podman would."""
-        fields = self._run("inspect", "-f", "{{.StaticDir}}|{{.GraphDriver.Data.UpperDir}}|{{.State.Pid}}", name)
+        fields = self._run("inspect", "-f", "{{.StaticDir}}|{{.GraphDriver.Data.UpperDir}}|{{.State.Pid}}", "--", name)
         static_dir, upper_dir, pid = fields.stdout.strip().split("|")
         static, upper = Path(static_dir), Path(upper_dir)
         cgroup = freezer.cgroup_dir(int(pid)) if pid.isdigit() else None
@@ -47,13 +54,14 @@ class PodmanLazy(PodmanCLI):
             "--compress",
             "none",
             "--keep",
+            "--",
             name,
         ]
         if tcp_established:
             args.insert(3, "--tcp-established")
         times = {"dump_started": time.time()}
         with (
-            self.criu_options("lazy-pages", f"address={address}", f"port={port}"),
+            self.criu_options("lazy-pages", f"address={address}", f"port={port}", *tls),
             freezer.freeze_when_opened(CRIU_CONF, cgroup) as early,
         ):
             # its own process group: a dump that never serves is killed whole (podman, runc, CRIU), or it
@@ -112,7 +120,7 @@ class PodmanLazy(PodmanCLI):
 
     def _network_status(self, name: str) -> dict[str, Any]:
         """The network.status podman writes into an export (netavark's status block), from inspect."""
-        nets = json.loads(self._run("inspect", "-f", "{{json .NetworkSettings.Networks}}", name).stdout or "{}")
+        nets = json.loads(self._run("inspect", "-f", "{{json .NetworkSettings.Networks}}", "--", name).stdout or "{}")
         return {
             net: {
                 "interfaces": {
@@ -126,7 +134,9 @@ class PodmanLazy(PodmanCLI):
             if n.get("IPAddress")
         }
 
-    def page_server(self, images: Path, address: str, port: int) -> subprocess.Popen[bytes]:
+    def page_server(
+        self, images: Path, address: str, port: int, *, tls: tuple[str, ...] = ()
+    ) -> subprocess.Popen[bytes]:
         """A CRIU page server writing the pages a dump sends into ``images``; returns once it listens."""
         images.mkdir(mode=0o700, exist_ok=True)
         server = subprocess.Popen(
@@ -142,6 +152,7 @@ class PodmanLazy(PodmanCLI):
                 "-o",
                 "page-server.log",
                 "-v2",
+                *(f"--{line}" for line in tls),
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -168,6 +179,7 @@ class PodmanLazy(PodmanCLI):
         *,
         tcp_established: bool = True,
         wake_faults: bool = True,
+        tls: tuple[str, ...] = (),
     ) -> tuple[dict[str, Any], subprocess.Popen[bytes], FaultWaker | None]:
         """Restore with the memory left behind: a ``criu lazy-pages`` daemon fetches pages from the
         source as the process touches them (userfaultfd), and the rest in the background.
@@ -197,6 +209,7 @@ class PodmanLazy(PodmanCLI):
                 "-o",
                 "lazy-pages.log",
                 "-v2",
+                *(f"--{line}" for line in tls),
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from podmigrate import names
 from podmigrate.errors import RuntimeBackendError
 from podmigrate.runtime import freezer
 from podmigrate.runtime.base import ContainerInfo, RunSpec
@@ -51,10 +52,17 @@ class PodmanContainers(PodmanCLI):
         )
 
     def inspect(self, name: str) -> ContainerInfo:
-        data = json.loads(self._run("container", "inspect", name).stdout)
+        data = json.loads(self._run("container", "inspect", "--", name).stdout)
         return self._info(data[0])
 
     def run(self, spec: RunSpec) -> ContainerInfo:
+        names.name(spec.get("name"))
+        names.image(spec.get("image"))
+        for key in ("pod", "network"):
+            if spec.get(key):
+                names.name(spec.get(key), key)
+        if spec.get("ip"):
+            names.ipv4(spec.get("ip"))
         args = ["run", "-d", "--name", spec["name"]]
         if spec.get("pod"):
             args += ["--pod", spec["pod"]]
@@ -68,13 +76,13 @@ class PodmanContainers(PodmanCLI):
             args += ["-e", f"{k}={v}"]
         for k, v in (spec.get("labels") or {}).items():
             args += ["--label", f"{k}={v}"]
-        args += [spec["image"], *(spec.get("command") or [])]
+        args += ["--", spec["image"], *(spec.get("command") or [])]
         self._run(*args, what=f"starting container {spec['name']}")
         return self.inspect(spec["name"])
 
     def spec(self, name: str) -> dict[str, Any]:
         """What it takes to start this container afresh elsewhere (the cold-restart baseline)."""
-        d = json.loads(self._run("container", "inspect", name).stdout)[0]
+        d = json.loads(self._run("container", "inspect", "--", name).stdout)[0]
         cfg = d.get("Config") or {}
         info = self._info(d)
         nets = list(((d.get("NetworkSettings") or {}).get("Networks") or {}).keys())
@@ -99,7 +107,7 @@ class PodmanContainers(PodmanCLI):
 
     def _tasks(self, name: str) -> list[int]:
         """Every process in the container's PID namespace (empty when it has none)."""
-        pid = int(self._run("inspect", "-f", "{{.State.Pid}}", name).stdout.strip() or 0)
+        pid = int(self._run("inspect", "-f", "{{.State.Pid}}", "--", name).stdout.strip() or 0)
         if pid <= 0:
             return []
         ns, tasks = os.readlink(f"/proc/{pid}/ns/pid"), []
@@ -120,10 +128,10 @@ class PodmanContainers(PodmanCLI):
         return total
 
     def stop(self, name: str, timeout: float = 2) -> None:
-        self._run("stop", "-t", str(int(timeout)), name, what=f"stopping {name}")
+        self._run("stop", "-t", str(int(timeout)), "--", name, what=f"stopping {name}")
 
     def start(self, name: str) -> None:
-        self._run("start", name, what=f"starting {name}")
+        self._run("start", "--", name, what=f"starting {name}")
 
     def retire(self, name: str, ips: list[str]) -> dict[str, Any]:
         """Cut ``name`` off the network (an nft drop in this node's forward path), then remove it.
@@ -132,15 +140,16 @@ class PodmanContainers(PodmanCLI):
         now live on the new copy; the drop rule swallows those. If the rule cannot be set the
         container is removed all the same: two serving copies would be worse than a reset.
         """
-        table = "podmigrate_retire_" + re.sub(r"[^A-Za-z0-9_]", "_", name)
-        rules = "".join(f"    ip saddr {ip} drop\n    ip daddr {ip} drop\n" for ip in ips)
+        table = "podmigrate_retire_" + re.sub(r"[^A-Za-z0-9_]", "_", names.name(name))
+        addresses = [names.ipv4(ip) for ip in ips]  # parsed: nothing else may reach the nft script
+        rules = "".join(f"    ip saddr {ip} drop\n    ip daddr {ip} drop\n" for ip in addresses)
         nft = (
             f"table inet {table} {{\n  chain block {{\n"
             f"    type filter hook forward priority -300; policy accept;\n{rules}  }}\n}}\n"
         )
         t0 = time.time()
         isolated, error = False, None
-        if ips:
+        if addresses:
             p = subprocess.run(["nft", "-f", "-"], input=nft, capture_output=True, text=True)
             isolated, error = p.returncode == 0, p.stderr.strip()[-500:] or None
         try:
@@ -151,12 +160,12 @@ class PodmanContainers(PodmanCLI):
         return {"removed": name, "isolated": isolated, "isolation_error": error, "started": t0, "ended": time.time()}
 
     def remove(self, name: str) -> None:
-        if subprocess.run(["podman", "pod", "exists", name]).returncode == 0:
-            self._run("pod", "rm", "-f", "-t", "0", name, missing_ok=True)
-        elif subprocess.run(["podman", "container", "exists", name]).returncode == 0:
-            self._run("rm", "-f", "-t", "0", name, missing_ok=True)
+        if subprocess.run(["podman", "pod", "exists", "--", name]).returncode == 0:
+            self._run("pod", "rm", "-f", "-t", "0", "--", name, missing_ok=True)
+        elif subprocess.run(["podman", "container", "exists", "--", name]).returncode == 0:
+            self._run("rm", "-f", "-t", "0", "--", name, missing_ok=True)
         else:  # a restore that failed half-way can leave storage behind under the container's ID
-            subprocess.run(["podman", "rm", "--storage", name], capture_output=True)
+            subprocess.run(["podman", "rm", "--storage", "--", name], capture_output=True)
 
     def checkpoint(
         self,
@@ -174,11 +183,11 @@ class PodmanContainers(PodmanCLI):
             args.append("--leave-running")
         # a source that stops for good (or stays frozen until verify) can be frozen the moment CRIU
         # starts; one left running would stay frozen through podman's export
-        pid = 0 if leave_running else int(self._run("inspect", "-f", "{{.State.Pid}}", name).stdout.strip() or 0)
+        pid = 0 if leave_running else int(self._run("inspect", "-f", "{{.State.Pid}}", "--", name).stdout.strip() or 0)
         cgroup = freezer.cgroup_dir(pid) if pid > 0 else None
         t0 = time.time()
         with self.criu_options(*criu), freezer.freeze_when_opened(CRIU_CONF, cgroup) as early:
-            p = self._run(*args, name, what=f"checkpoint of {name}")
+            p = self._run(*args, "--", name, what=f"checkpoint of {name}")
         os.chmod(archive, 0o600)  # it holds the process's memory (the directory is 0700 too)
         stats = parse_stats(p.stdout)
         res = {"started": t0, "ended": time.time(), "stats": stats, "archive_bytes": archive.stat().st_size}
@@ -192,7 +201,7 @@ class PodmanContainers(PodmanCLI):
             args.append("--tcp-established")
         t0 = time.time()
         with self.criu_options():
-            p = self._run(*args, name, what=f"restore of {name} in place")
+            p = self._run(*args, "--", name, what=f"restore of {name} in place")
         return {"started": t0, "ended": time.time(), "stats": parse_stats(p.stdout)}
 
     def restore_archive(
@@ -252,25 +261,33 @@ class PodmanContainers(PodmanCLI):
         if need be; ``present`` False (with ``why``) when this node cannot get that image by itself."""
         if image_id and self.has_image(image_id):
             return {"present": True, "pulled": False}
-        if not image_id and subprocess.run(["podman", "image", "exists", image]).returncode == 0:
+        if not image_id and subprocess.run(["podman", "image", "exists", "--", image]).returncode == 0:
             return {"present": True, "pulled": False}
-        p = subprocess.run(["podman", "pull", "-q", image], capture_output=True, text=True)
+        p = subprocess.run(["podman", "pull", "-q", "--", image], capture_output=True, text=True)
         if p.returncode == 0 and (not image_id or self.has_image(image_id)):
             return {"present": True, "pulled": True}
         if not image_id:
-            self._run("pull", "-q", image, what=f"pulling image {image}")  # raises with podman's reason
+            self._run("pull", "-q", "--", image, what=f"pulling image {image}")  # raises with podman's reason
         why = (p.stderr.strip().splitlines() or ["?"])[-1] if p.returncode else f"{image} here is another image"
         return {"present": False, "pulled": False, "why": why}
 
     def has_image(self, image_id: str) -> bool:
         p = subprocess.run(
-            ["podman", "image", "inspect", "--format", "{{.Id}}", image_id], capture_output=True, text=True
+            ["podman", "image", "inspect", "--format", "{{.Id}}", "--", image_id], capture_output=True, text=True
         )
         return p.returncode == 0 and p.stdout.strip() == image_id
 
     def save_image(self, image_id: str, archive: Path) -> None:
         self._run(
-            "save", "-q", "--format", "oci-archive", "-o", str(archive), image_id, what=f"saving image {image_id[:12]}"
+            "save",
+            "-q",
+            "--format",
+            "oci-archive",
+            "-o",
+            str(archive),
+            "--",
+            image_id,
+            what=f"saving image {image_id[:12]}",
         )
 
     def load_image(self, archive: Path, image_id: str, name: str) -> None:
@@ -281,4 +298,4 @@ class PodmanContainers(PodmanCLI):
                 f"the image loaded from the source is not {image_id[:12]}", hint="the source's image changed meanwhile?"
             )
         if name and not name.startswith("sha256:") and name != image_id:
-            self._run("tag", image_id, name, what=f"tagging {image_id[:12]} as {name}")
+            self._run("tag", "--", image_id, name, what=f"tagging {image_id[:12]} as {name}")

@@ -28,11 +28,11 @@ class PodmanPods(PodmanContainers):
         self._run(*args, what=f"creating pod {name}")
 
     def pod_info(self, pod: str) -> dict[str, Any]:
-        data = json.loads(self._run("pod", "inspect", pod).stdout)
+        data = json.loads(self._run("pod", "inspect", "--", pod).stdout)
         data = data[0] if isinstance(data, list) else data
         infra = data.get("InfraContainerID", "")
         members = [c["Name"] for c in data.get("Containers", []) if c["Id"] != infra]
-        nets = json.loads(self._run("inspect", "-f", "{{json .NetworkSettings.Networks}}", infra).stdout or "{}")
+        nets = json.loads(self._run("inspect", "-f", "{{json .NetworkSettings.Networks}}", "--", infra).stdout or "{}")
         macs = [n["MacAddress"] for n in nets.values() if n.get("MacAddress")]
         return {"name": data["Name"], "infra": infra, "members": sorted(members), "mac": macs[0] if macs else None}
 
@@ -42,7 +42,7 @@ class PodmanPods(PodmanContainers):
         Containers of a pod are dumped and restored one after the other; a packet reaching one
         already dumped, or not yet restored, would be answered with a RST and break the loopback
         connections between them (the study's sidecar finding). The lock closes that window."""
-        pid = self._run("inspect", "-f", "{{.State.Pid}}", self.pod_info(pod)["infra"]).stdout.strip()
+        pid = self._run("inspect", "-f", "{{.State.Pid}}", "--", self.pod_info(pod)["infra"]).stdout.strip()
         for chain in ("INPUT", "OUTPUT"):
             rule = [chain, *(["1"] if on else []), "-m", "comment", "--comment", "podmigrate-pod-lock", "-j", "DROP"]
             p = subprocess.run(
@@ -73,7 +73,7 @@ class PodmanPods(PodmanContainers):
     def restore_pod_in_place(self, pod: str, members: list[str], *, tcp_established: bool = True) -> dict[str, Any]:
         done = []
         for name in members:  # still under the lock checkpoint_pod set
-            state = self._run("inspect", "-f", "{{.State.Status}}", name).stdout.strip()
+            state = self._run("inspect", "-f", "{{.State.Status}}", "--", name).stdout.strip()
             if state != "running":
                 self.restore_local(name, tcp_established=tcp_established)
                 done.append(name)
@@ -96,7 +96,7 @@ class PodmanPods(PodmanContainers):
         in ``fresh`` (not checkpointed) start afresh from their specs afterwards."""
         t0 = time.time()
         self.create_pod(pod, network, ip, mac)
-        self._run("pod", "start", pod, what=f"starting pod {pod}")
+        self._run("pod", "start", "--", pod, what=f"starting pod {pod}")
         stats = {}
         self.pod_lock(pod, True)
         try:

@@ -24,6 +24,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from podmigrate.errors import TransportError
+from podmigrate.transport import seal
 
 MANIFEST_TYPE = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_TYPE = "application/vnd.oci.image.config.v1+json"
@@ -32,6 +33,9 @@ CHUNK = 1 << 20
 
 COMPRESSIONS = ("none", "gzip", "zstd")
 MEDIA_SUFFIX = {"none": "", "gzip": "+gzip", "zstd": "+zstd"}  # of a layer's media type, by compression
+# after the compression suffix: the layer is sealed for one migration (``transport.seal``; our own
+# format, not ocicrypt's JWE: only the two agents of that migration hold the key)
+SEALED_SUFFIX = "+podmigrate-sealed"
 
 
 def split_reference(ref: str) -> tuple[str, str, str]:
@@ -171,8 +175,21 @@ class Registry:
                     f"registry {self.host} wants credentials",
                     hint="put them in a containers-auth.json and point REGISTRY_AUTH_FILE at it",
                 )
+            if not self.tls:
+                raise TransportError(
+                    f"registry {self.host} asks for Basic credentials over plain HTTP, where anyone on the "
+                    "path could read them; refused",
+                    hint=f"serve it over TLS and set PODMIGRATE_REGISTRY_TLS={self.host} (and PODMIGRATE_REGISTRY_CA)",
+                )
             self._auth = {"Authorization": f"Basic {creds}"}
         elif scheme == "bearer" and params.get("realm"):
+            realm = urlsplit(params["realm"])
+            if realm.scheme != "https" or realm.hostname != urlsplit(f"//{self.host}").hostname:
+                raise TransportError(
+                    f"registry {self.host} sends for its token to {params['realm']!r}; only an https:// realm "
+                    "on the registry's own host is followed, so that no credentials go elsewhere",
+                    hint="configure the registry's token realm as https://<registry host>/...",
+                )
             query = {"service": params.get("service", "")}
             if self.repo:
                 query["scope"] = f"repository:{self.repo}:pull,push,delete"
@@ -240,9 +257,11 @@ class Registry:
         resp.read()
         conn.close()
 
-    def push_blob_file(self, repo: str, path: Path, compression: str = "none") -> tuple[str, int, str]:
-        """Upload ``path`` (compressed on the way); returns the blob's digest and size, and the
-        digest of the uncompressed content (the layer's diff_id)."""
+    def push_blob_file(
+        self, repo: str, path: Path, compression: str = "none", sealed: tuple[str, str] | None = None
+    ) -> tuple[str, int, str]:
+        """Upload ``path`` (compressed, then sealed with ``sealed`` = (key, context), on the way);
+        returns the blob's digest and size, and the digest of the uncompressed content (diff_id)."""
         raw, h = hashlib.sha256(), hashlib.sha256()
         size = 0
 
@@ -254,7 +273,8 @@ class Registry:
 
         def counted() -> Iterator[bytes]:
             nonlocal size
-            for block in _compress(read(), compression):
+            blocks = _compress(read(), compression)
+            for block in seal.seal(blocks, *sealed) if sealed else blocks:
                 h.update(block)
                 size += len(block)
                 yield block
@@ -284,9 +304,16 @@ class Registry:
         return json.loads(body), resp.headers.get("Docker-Content-Digest", "")
 
     def fetch_blob(
-        self, repo: str, digest: str, dest: Path, expect_size: int | None = None, compression: str = "none"
+        self,
+        repo: str,
+        digest: str,
+        dest: Path,
+        expect_size: int | None = None,
+        compression: str = "none",
+        sealed: tuple[str, str] | None = None,
     ) -> int:
-        """Stream a blob into ``dest`` (owner-only), failing if its digest or size differ."""
+        """Stream a blob into ``dest`` (owner-only), failing if its digest or size differ, or if
+        it does not open with ``sealed`` = (key, context)."""
         resp, conn = self._request("GET", f"/v2/{repo}/blobs/{digest}", ok=(200,))
         h = hashlib.sha256()
         size = 0
@@ -295,11 +322,17 @@ class Registry:
         try:
             with os.fdopen(fd, "wb") as f:
                 sink = _Sink(f, compression)
+                opener = seal.Opener(*sealed, f"the layer {digest}") if sealed else None
                 while block := resp.read(CHUNK):
                     h.update(block)
                     size += len(block)
-                    sink.write(block)
+                    sink.write(opener.feed(block) if opener else block)
+                if opener:
+                    opener.close()
                 sink.close()
+        except TransportError:
+            tmp.unlink(missing_ok=True)
+            raise
         except OSError as e:
             tmp.unlink(missing_ok=True)
             raise TransportError(

@@ -27,9 +27,11 @@ from podmigrate.transport.oci import (
     LAYER_TYPE,
     MANIFEST_TYPE,
     MEDIA_SUFFIX,
+    SEALED_SUFFIX,
     Registry,
     split_reference,
 )
+from podmigrate.transport.stream import Seal
 
 if TYPE_CHECKING:
     from podmigrate.transport.base import Transport
@@ -62,16 +64,20 @@ class Pushed(Sent):
 class RegistryTransport:
     """Push on the source, pull on the target (``fetch``), delete the image to undo (``discard``).
 
-    ``annotations`` go on the manifest; ``compression`` (none, gzip, zstd) applies to the layer."""
+    ``annotations`` go on the manifest; ``compression`` (none, gzip, zstd) applies to the layer;
+    ``sealed``: the layer is sealed for the migration after compression (``transport.seal``), so the
+    image at rest in the registry is ciphertext, and a pull opens it or refuses it."""
 
-    def __init__(self, annotations: dict[str, str] | None = None, compression: str = "none"):
-        self.annotations, self.compression = annotations or {}, compression
+    def __init__(
+        self, annotations: dict[str, str] | None = None, compression: str = "none", sealed: Seal | None = None
+    ):
+        self.annotations, self.compression, self.sealed = annotations or {}, compression, sealed
 
     def send(self, archive: Path, to: str) -> Pushed:
-        return push_checkpoint(archive, to, self.annotations, self.compression)
+        return push_checkpoint(archive, to, self.annotations, self.compression, self.sealed)
 
     def fetch(self, reference: str, dest: Path) -> dict[str, Any]:
-        return pull_checkpoint(reference, dest)
+        return pull_checkpoint(reference, dest, self.sealed)
 
     def discard(self, reference: str) -> bool:
         return delete_checkpoint(reference)
@@ -106,14 +112,17 @@ def checkpoint_annotations(container: str, extra: dict[str, str] | None = None) 
     }
 
 
-def push_checkpoint(archive: Path, reference: str, annotations: dict[str, str], compression: str = "none") -> Pushed:
+def push_checkpoint(
+    archive: Path, reference: str, annotations: dict[str, str], compression: str = "none", sealed: Seal | None = None
+) -> Pushed:
     """Push ``archive`` as a one-layer OCI checkpoint image; returns digests and sizes."""
     if compression not in COMPRESSIONS:
         raise TransportError(f"unknown compression {compression!r}; use one of {', '.join(COMPRESSIONS)}")
     host, repo, tag = split_reference(reference)
     reg = Registry(host, repo=repo)
     t0 = time.time()
-    layer_digest, layer_size, diff_id = reg.push_blob_file(repo, archive, compression)
+    seal_ctx = (sealed.key, sealed.context("layer")) if sealed else None
+    layer_digest, layer_size, diff_id = reg.push_blob_file(repo, archive, compression, seal_ctx)
     config = {
         "architecture": os.uname().machine.replace("x86_64", "amd64").replace("aarch64", "arm64"),
         "os": "linux",
@@ -125,7 +134,13 @@ def push_checkpoint(archive: Path, reference: str, annotations: dict[str, str], 
         "schemaVersion": 2,
         "mediaType": MANIFEST_TYPE,
         "config": {"mediaType": CONFIG_TYPE, "digest": cfg_digest, "size": cfg_size},
-        "layers": [{"mediaType": LAYER_TYPE + MEDIA_SUFFIX[compression], "digest": layer_digest, "size": layer_size}],
+        "layers": [
+            {
+                "mediaType": LAYER_TYPE + MEDIA_SUFFIX[compression] + (SEALED_SUFFIX if sealed else ""),
+                "digest": layer_digest,
+                "size": layer_size,
+            }
+        ],
         "annotations": annotations,
     }
     digest = reg.put_manifest(repo, tag, manifest)
@@ -141,8 +156,9 @@ def push_checkpoint(archive: Path, reference: str, annotations: dict[str, str], 
     }
 
 
-def pull_checkpoint(reference: str, dest: Path) -> dict[str, Any]:
-    """Fetch the checkpoint layer of ``reference`` into ``dest``, verified against its digest."""
+def pull_checkpoint(reference: str, dest: Path, sealed: Seal | None = None) -> dict[str, Any]:
+    """Fetch the checkpoint layer of ``reference`` into ``dest``, verified against its digest and,
+    when ``sealed``, opened with the migration's key (an unsealed layer is then refused)."""
     host, repo, tag = split_reference(reference)
     reg = Registry(host, repo=repo)
     t0 = time.time()
@@ -155,8 +171,15 @@ def pull_checkpoint(reference: str, dest: Path) -> dict[str, Any]:
         )
     layer = manifest["layers"][0]
     mt = str(layer.get("mediaType", LAYER_TYPE))
+    is_sealed = mt.endswith(SEALED_SUFFIX)
+    if is_sealed and sealed is None:
+        raise TransportError(f"{reference} is sealed for a migration, and this pull has no key for it")
+    if sealed is not None and not is_sealed:
+        raise TransportError(f"{reference} is not sealed, but its migration seals checkpoints; refused")
+    mt = mt.removesuffix(SEALED_SUFFIX)
     compression = next((c for c, suf in MEDIA_SUFFIX.items() if suf and mt.endswith(suf)), "none")
-    size = reg.fetch_blob(repo, layer["digest"], dest, layer.get("size"), compression)
+    seal_ctx = (sealed.key, sealed.context("layer")) if sealed else None
+    size = reg.fetch_blob(repo, layer["digest"], dest, layer.get("size"), compression, seal_ctx)
     return {
         "reference": reference,
         "manifest_digest": digest,

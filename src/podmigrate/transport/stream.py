@@ -1,11 +1,14 @@
 """The ``stream`` transport: the source agent sends the checkpoint straight to the target agent.
 
-No registry and no second copy: one HTTP PUT over the LAN, read and hashed in 1 MiB blocks on both
-ends. The receiver writes ``<id>.tar.part`` and remembers the SHA-256 it computed; the sender then
+No registry and no second copy: one HTTPS PUT over the LAN (mutual TLS with the nodes' certificates,
+``agent.tls``), read and hashed in 1 MiB blocks on both ends and, by default, sealed for the migration
+(``transport.seal``: AES-256-GCM with a key only the two agents have), so that a peer that could
+read or change the connection still could not read or change the checkpoint. The receiver opens the
+seal as it writes ``<id>.tar.part`` and remembers the SHA-256 of what it wrote; the sender then
 commits with the SHA-256 *it* computed, and only if they match does the file become ``<id>.tar``,
 the name restore reads. In this transport the memory pages went to the target's CRIU page server
 during the dump, so what is sent is the rest of the archive; sibling ``transport.archive`` sends a
-whole export through the same functions. Standard library only (runs in node agents).
+whole export through the same functions. Runs in node agents.
 """
 
 from __future__ import annotations
@@ -14,32 +17,52 @@ import hashlib
 import http.client
 import json
 import os
+import ssl
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from podmigrate.errors import TransportError
+from podmigrate.transport import seal
 from podmigrate.transport.base import Sent
 
 if TYPE_CHECKING:
     from podmigrate.transport.base import Transport
 
 CHUNK = 1 << 20
+SEALED_HEADER = "X-Podmigrate-Sealed-For"  # the checkpoint id whose key seals this upload
 
 
 class Streamed(Sent):
     sha256: str  # of the bytes sent, which the target's commit matched
 
 
-class StreamTransport:
-    """Sends ``<id>.tar`` to the agent on host ``to`` (its ``port``, with this lab's ``token``); the
-    target's upload route receives it (``receive``) and its commit route checks it (``commit``)."""
+@dataclass(frozen=True)
+class Seal:
+    """A migration's key and the checkpoint it belongs to (the receiver's key is found by it)."""
 
-    def __init__(self, token: str, port: int):
-        self.token, self.port = token, port
+    key: str
+    checkpoint: str
+
+    def context(self, upload: str) -> str:
+        return f"{self.checkpoint}/{upload}"
+
+
+class StreamTransport:
+    """Sends ``<id>.tar`` to the agent on host ``to`` (its ``port``; ``tls`` holds the CA and this
+    node's certificate), sealed with ``sealed`` if given; the target's upload route receives it
+    (``receive``) and its commit route checks it (``commit``)."""
+
+    def __init__(self, tls: ssl.SSLContext, port: int, sealed: Seal | None = None):
+        self.tls, self.port, self.sealed = tls, port, sealed
+
+    def with_seal(self, sealed: Seal | None) -> StreamTransport:
+        return type(self)(self.tls, self.port, sealed)
 
     def send(self, archive: Path, to: str) -> Streamed:
-        return send(archive, to, self.port, archive.name.removesuffix(".tar"), self.token)
+        return send(archive, to, self.port, archive.name.removesuffix(".tar"), self.tls, self.sealed)
 
 
 if TYPE_CHECKING:
@@ -48,23 +71,33 @@ if TYPE_CHECKING:
         return t
 
 
-def send(archive: Path, host: str, port: int, cid: str, token: str) -> Streamed:
+def _blocks(archive: Path, h: Any) -> Iterator[bytes]:
+    with open(archive, "rb") as f:
+        while block := f.read(CHUNK):
+            h.update(block)
+            yield block
+
+
+def send(archive: Path, host: str, port: int, cid: str, tls: ssl.SSLContext, sealed: Seal | None = None) -> Streamed:
     size = archive.stat().st_size
     h = hashlib.sha256()
     t0 = time.time()
-    conn = http.client.HTTPConnection(host, port, timeout=120)
+    conn = http.client.HTTPSConnection(host, port, timeout=120, context=tls)
     try:
         conn.putrequest("PUT", f"/v1/checkpoints/{cid}")
-        conn.putheader("Authorization", f"Bearer {token}")
         conn.putheader("Content-Type", "application/octet-stream")
-        conn.putheader("Content-Length", str(size))
+        body = _blocks(archive, h)
+        if sealed is not None:
+            conn.putheader(SEALED_HEADER, sealed.checkpoint)
+            conn.putheader("Content-Length", str(seal.sealed_size(size)))
+            body = seal.seal(body, sealed.key, sealed.context(cid))
+        else:
+            conn.putheader("Content-Length", str(size))
         conn.endheaders()
         assert conn.sock is not None
         try:
-            with open(archive, "rb") as f:
-                while block := f.read(CHUNK):
-                    h.update(block)
-                    conn.sock.sendall(block)
+            for block in body:
+                conn.sock.sendall(block)
         except (BrokenPipeError, ConnectionResetError) as e:
             # the receiver stopped reading: its answer (e.g. a full disk) says why
             reason = _early_answer(conn)
@@ -87,14 +120,11 @@ def send(archive: Path, host: str, port: int, cid: str, token: str) -> Streamed:
             f"{body.get('error', {}).get('message', body)}"
         )
     sent = h.hexdigest()
-    conn = http.client.HTTPConnection(host, port, timeout=60)
+    conn = http.client.HTTPSConnection(host, port, timeout=60, context=tls)
     try:
         payload = json.dumps({"sha256": sent}).encode()
         conn.request(
-            "POST",
-            f"/v1/checkpoints/{cid}/commit",
-            body=payload,
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            "POST", f"/v1/checkpoints/{cid}/commit", body=payload, headers={"Content-Type": "application/json"}
         )
         resp = conn.getresponse()
         body = json.loads(resp.read() or b"{}")
@@ -118,11 +148,13 @@ def _early_answer(conn: http.client.HTTPConnection) -> str:
         return ""
 
 
-def receive(stream: IO[bytes], length: int, dest: Path) -> dict[str, Any]:
-    """Write ``length`` bytes from ``stream`` to ``dest.part`` (owner-only), hashing them."""
+def receive(stream: IO[bytes], length: int, dest: Path, sealed: Seal | None = None) -> dict[str, Any]:
+    """Write ``length`` bytes from ``stream`` to ``dest.part`` (owner-only), opening the seal first
+    when ``sealed``, and hashing what is written."""
     part = dest.with_name(dest.name + ".part")
     h = hashlib.sha256()
     got = 0
+    opener = seal.Opener(sealed.key, sealed.context(dest.name.removesuffix(".tar")), dest.name) if sealed else None
     fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -130,14 +162,21 @@ def receive(stream: IO[bytes], length: int, dest: Path) -> dict[str, Any]:
                 block = stream.read(min(CHUNK, length - got))
                 if not block:
                     break
+                got += len(block)
+                if opener is not None:
+                    block = opener.feed(block)
                 h.update(block)
                 f.write(block)
-                got += len(block)
+        if got == length and opener is not None:
+            opener.close()
     except OSError as e:
         part.unlink(missing_ok=True)
         raise TransportError(
             f"writing {dest.name} failed after {got} bytes: {e}", hint="is the target node's disk full?"
         ) from e
+    except TransportError:
+        part.unlink(missing_ok=True)
+        raise
     if got != length:
         part.unlink(missing_ok=True)
         raise TransportError(f"the checkpoint stream ended after {got} of {length} bytes")

@@ -9,12 +9,11 @@ hand with podman are found the same way.
 from __future__ import annotations
 
 import json
-import re
 import time
 from dataclasses import dataclass
 from typing import Any
 
-from podmigrate import layout
+from podmigrate import layout, names
 from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.lab.claims import Claims
 from podmigrate.lab.cluster import Lab, Report
@@ -25,7 +24,6 @@ from podmigrate.workload.image import ensure_workload_image
 LABEL_KIND = "podmigrate.workload"
 LABEL_PORT = "podmigrate.port"
 LABEL_PROBE = "podmigrate.probe"
-_NAME = re.compile(r"^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,62}$")
 
 
 @dataclass
@@ -122,10 +120,7 @@ def start(
     """Start stream-server (with ``sidecar``, a pod) on ``node``, its image loaded first if need be; its state."""
     if heap_mb <= 0:
         raise UsageError(f"heap size must be a positive number of MB, not {heap_mb}", hint="for example --heap-mb 256")
-    if not _NAME.match(name):
-        raise UsageError(
-            f"not a valid container name: {name!r}", hint="use letters, digits, '_', '.', '-' (at most 63)"
-        )
+    names.name(name)
     lab.require_up()
     if node not in lab.nodes:
         raise UsageError(
@@ -133,8 +128,8 @@ def start(
         )
     inv = inventory(lab)
     taken = {c["name"] for cs in inv.values() for c in cs} | {c["pod"] for cs in inv.values() for c in cs}
-    names = {name, f"{name}-server", f"{name}-sidecar"} if sidecar else {name}
-    if names & taken:
+    wanted = {name, f"{name}-server", f"{name}-sidecar"} if sidecar else {name}
+    if wanted & taken:
         raise UsageError(
             f"the name {name!r} is already used in lab {lab.name!r}",
             hint=f"pick another name, or stop it first: podmigrate workload stop {name}",

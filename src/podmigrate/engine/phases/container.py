@@ -7,6 +7,8 @@ Neighbours: ``validate`` before them, ``traffic`` after (cutover, verify, cleanu
 
 from __future__ import annotations
 
+from typing import Any
+
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.errors import PodmigrateError
 
@@ -57,7 +59,12 @@ def push(ctx: Ctx) -> None:
     )
     res = ctx.agent(rec["source"] or "").post(
         f"/v1/checkpoints/{rec['id']}/push",
-        {"reference": rec["reference"], "annotations": ann, "compression": rec["plan"].get("compression", "none")},
+        {
+            "reference": rec["reference"],
+            "annotations": ann,
+            "compression": rec["plan"].get("compression", "none"),
+            **ctx.seal(),
+        },
     )
     rec["checkpoint_image"] = {
         "reference": res["reference"],
@@ -77,7 +84,9 @@ def undo_push(ctx: Ctx) -> str:
 
 def pull(ctx: Ctx) -> None:
     rec = ctx.rec
-    res = ctx.agent(rec["target"]).post(f"/v1/checkpoints/{rec['id']}/pull", {"reference": rec["reference"]})
+    res = ctx.agent(rec["target"]).post(
+        f"/v1/checkpoints/{rec['id']}/pull", {"reference": rec["reference"], **ctx.seal()}
+    )
     if res["layer_digest"] != rec["checkpoint_image"]["layer_digest"]:
         raise PodmigrateError(
             f"the registry served {res['layer_digest']} for {rec['reference']}, but "
@@ -92,9 +101,18 @@ def delete_target_copy(ctx: Ctx) -> str:
     return f"deleted the archive on {ctx.rec['target']}"
 
 
+def expect_seal(ctx: Ctx) -> dict[str, str]:
+    """Give the target this migration's key before anything sealed is sent to it."""
+    sealed = ctx.seal()
+    if sealed:
+        ctx.agent(ctx.rec["target"]).post(f"/v1/checkpoints/{ctx.rec['id']}/seal", sealed)
+    return sealed
+
+
 def transfer(ctx: Ctx) -> None:
     rec = ctx.rec
-    res = ctx.agent(rec["source"] or "").post(f"/v1/checkpoints/{rec['id']}/send", {"node": rec["target"]})
+    sealed = expect_seal(ctx)
+    res = ctx.agent(rec["source"] or "").post(f"/v1/checkpoints/{rec['id']}/send", {"node": rec["target"], **sealed})
     rec["bytes"]["sent"] = res["bytes"]
     rec["stream"] = {"sha256": res["sha256"], "seconds": round(res["ended"] - res["started"], 4)}
 
@@ -148,13 +166,22 @@ def undo_stop(ctx: Ctx) -> str:
             # `podman start` would give it the subnet's next free address, not its own (the fault
             # matrix saw .4 come back as .5): the service address is the workload's identity, so the
             # container is made again from the spec validate saved, with that address pinned
+            spec = full_spec(ctx)
             src.delete(f"/v1/containers/{rec['container']}")
-            src.post("/v1/containers", dict(rec["spec"]))
+            src.post("/v1/containers", spec)
         else:
             src.post(f"/v1/containers/{rec['container']}/start")
         return f"started {rec['container']} again on {rec['source']} (cold: its memory was lost)"
     return "source container untouched"
 
 
+def full_spec(ctx: Ctx) -> dict[str, Any]:
+    """The spec validate saved, with the environment's values read again from the source's (stopped)
+    container: the record holds only their names."""
+    rec = ctx.rec
+    live = ctx.agent(rec["source"] or "").get(f"/v1/containers/{rec['container']}/spec")
+    return {**rec["spec"], "env": live.get("env") or {}}
+
+
 def start_fresh(ctx: Ctx) -> None:
-    ctx.agent(ctx.rec["target"]).post("/v1/containers", dict(ctx.rec["spec"]))
+    ctx.agent(ctx.rec["target"]).post("/v1/containers", full_spec(ctx))

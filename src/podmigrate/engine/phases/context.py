@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
+from podmigrate.agent import tls
 from podmigrate.client import AgentClient
 from podmigrate.engine.record import Record, Store
 from podmigrate.lab.handle import LabHandle
+from podmigrate.transport import seal
 
 Report = Callable[[str], None]
 
@@ -22,6 +25,19 @@ class Ctx:
     rec: Record
     report: Report
     clients: dict[str, AgentClient] = field(default_factory=dict)
+    # this migration's checkpoint key: in this process's memory and the two agents' only (never in
+    # the record: it is the one thing that would open a checkpoint left in a registry)
+    seal_key: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        on = tls.enabled(self.lab.dir / "security")
+        if on and self.seal_key is None:
+            self.seal_key = seal.new_key()
+        self.rec.setdefault("security", {"sealed": on, "criu_tls": on, "agents": "mutual TLS"})
+
+    def seal(self) -> dict[str, Any]:
+        """The request field that seals (or opens) this migration's checkpoints, if they are sealed."""
+        return {"seal": self.seal_key} if self.rec["security"]["sealed"] and self.seal_key else {}
 
     def agent(self, name: str) -> AgentClient:
         if name not in self.clients:

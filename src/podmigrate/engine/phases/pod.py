@@ -6,6 +6,7 @@ Neighbours: ``container`` (undo_restore and delete_target_copy are shared), ``tr
 
 from __future__ import annotations
 
+from podmigrate.engine.phases.container import expect_seal
 from podmigrate.engine.phases.context import Ctx
 
 
@@ -40,9 +41,10 @@ def undo_pod_checkpoint(ctx: Ctx) -> str:
 
 def pod_transfer(ctx: Ctx) -> None:
     rec = ctx.rec
+    sealed = expect_seal(ctx)
     res = ctx.agent(rec["source"] or "").post(
         f"/v1/checkpoints/{rec['id']}/send-pod",
-        {"node": rec["target"], "members": rec["pod"].get("checkpointed", rec["pod"]["members"])},
+        {"node": rec["target"], "members": rec["pod"].get("checkpointed", rec["pod"]["members"]), **sealed},
     )
     rec["bytes"]["sent"] = res["bytes"]
 

@@ -110,6 +110,9 @@ def _image_on_target(ctx: Ctx, source: str, c: Any) -> dict[str, Any]:
     return {**got, "present": True, "moved_bytes": sent["bytes"]}
 
 
+REDACTED = "(not recorded)"
+
+
 def validate(ctx: Ctx) -> None:
     rec = ctx.rec
     lab = ctx.lab
@@ -141,7 +144,9 @@ def validate(ctx: Ctx) -> None:
         spec = ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/spec")
         check_spec(spec, c["name"])
         if rec["mode"] == "cold":
-            rec["spec"] = spec
+            # names only: environment values are often secrets, and the record outlives the run; the
+            # values are read again from the source's container when the spec is used
+            rec["spec"] = {**spec, "env": {k: REDACTED for k in spec.get("env") or {}}}
     rss = 0 if rec.get("scope") == "pod" else ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/memory")["rss_bytes"]
     check_fit(ctx, rss)
     # The target needs the container's base image; fetching it now keeps it out of the blackout.

@@ -1,0 +1,257 @@
+"""Attacks on the agents and on checkpoints in transit, tried for real on loopback (no lab, no root).
+
+The agents' TCP listener with mutual TLS (``agent.tls``) and the lab's CA (``pki``); the seal on
+checkpoints (``transport.seal``) and the node agent's upload route that opens it; body limits and
+error replies (``agent.http``). The same attacks inside a lab are in ``tests/test_lab_security.py``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import io
+import json
+import os
+import socket
+import ssl
+import struct
+from collections.abc import Iterator
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podmigrate.agent import tls
+from podmigrate.agent.http import MAX_JSON, App, make_handler
+from podmigrate.agent.node import NodeAgent
+from podmigrate.errors import TransportError, UsageError
+from podmigrate.pki import CA
+from podmigrate.transport import seal, stream
+from tests.tls_helpers import serving
+
+TOKEN = "t0ken"
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> CA:
+    return CA(tmp_path / "pki", "test")
+
+
+def _files(ca: CA, name: str) -> tls.Files:
+    ident = ca.issue(name, ips=["127.0.0.1"])
+    return tls.Files(str(ident.cert), str(ident.key), str(ident.ca))
+
+
+def _app(peers: frozenset[str] | None = None) -> App:
+    a = App("node-a", "node", TOKEN, peers=peers)
+
+    @a.route("GET", "/v1/whoami")
+    def whoami(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {"ok": True}
+
+    @a.route("POST", "/v1/echo")
+    def echo(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return b
+
+    return a
+
+
+@pytest.fixture
+def served(ca: CA) -> Iterator[int]:
+    handler = make_handler(_app(frozenset({"node-b"})))
+    with serving(tls.TLSHTTPServer(("127.0.0.1", 0), handler, _files(ca, "node-a").server())) as port:
+        yield port
+
+
+def _get(port: int, ctx: ssl.SSLContext, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
+    try:
+        conn.request("GET", "/v1/whoami", headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, json.loads(resp.read())
+    finally:
+        conn.close()
+
+
+def test_a_peer_with_a_certificate_of_the_labs_ca_is_served_without_any_token(ca: CA, served: int) -> None:
+    assert _get(served, _files(ca, "node-b").client()) == (200, {"ok": True})
+
+
+def test_a_peer_without_a_certificate_gets_no_connection_even_with_the_token(ca: CA, served: int) -> None:
+    ctx = ssl.create_default_context(cafile=str(ca.cert_path))  # trusts the agent, shows nothing
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        _get(served, ctx, {"Authorization": f"Bearer {TOKEN}"})
+
+
+def test_a_certificate_of_another_ca_gets_no_connection(ca: CA, served: int, tmp_path: Path) -> None:
+    other = CA(tmp_path / "other", "stranger")
+    ident = other.issue("node-b", ips=["127.0.0.1"])
+    ctx = ssl.create_default_context(cafile=str(ca.cert_path))
+    ctx.load_cert_chain(str(ident.cert), str(ident.key))
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        _get(served, ctx)
+
+
+def test_a_lab_certificate_that_is_not_one_of_the_agents_peers_is_refused_by_name(ca: CA, served: int) -> None:
+    status, data = _get(served, _files(ca, "controller").client())
+    assert status == 401
+    assert data["error"]["message"] == "agent node-a: certificate 'controller' is not one of its peers"
+
+
+def test_a_silent_client_does_not_stall_the_listener(ca: CA, served: int) -> None:
+    with socket.create_connection(("127.0.0.1", served)):  # connects, never says hello
+        assert _get(served, _files(ca, "node-b").client())[0] == 200
+
+
+def _raw(port: int, request: bytes) -> tuple[int, dict[str, Any]]:
+    """One request over plain HTTP to a handler without TLS (the Unix socket's handler is the same)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sk:
+        sk.sendall(request)
+        f = sk.makefile("rb")
+        status = int(f.readline().split()[1])
+        length = 0
+        while (line := f.readline().strip()) != b"":
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+        return status, json.loads(f.read(length))
+
+
+@pytest.fixture
+def plain() -> Iterator[int]:
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), make_handler(_app()))) as port:
+        yield port
+
+
+def test_an_oversized_body_is_refused_with_413_before_it_is_read(plain: int) -> None:
+    n = MAX_JSON + 1
+    head = f"POST /v1/echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {n}\r\n\r\n"
+    status, data = _raw(plain, head.encode())  # the body is never sent: the agent must not wait for it
+    assert status == 413
+    assert data["error"]["message"] == f"a request body of {n} bytes is over this agent's limit of {MAX_JSON} bytes"
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [(b"[1, 2]", "the request body must be a JSON object"), (b"{nope", "the request body is not JSON")],
+)
+def test_a_body_that_is_not_a_json_object_is_a_400_not_a_crash(plain: int, body: bytes, message: str) -> None:
+    head = f"POST /v1/echo HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {len(body)}\r\n\r\n"
+    status, data = _raw(plain, head.encode() + body)
+    assert (status, data["error"]["message"]) == (400, message)
+
+
+# ------------------------------------------------------------------------------ the seal
+
+
+def _sealed(data: bytes, key: str, context: str) -> bytes:
+    return b"".join(seal.seal(iter([data[i : i + 300_000] for i in range(0, len(data), 300_000)]), key, context))
+
+
+def _open(blob: bytes, key: str, context: str) -> bytes:
+    return b"".join(seal.open_all(iter([blob[i : i + 65536] for i in range(0, len(blob), 65536)]), key, context, "x"))
+
+
+def _frames(blob: bytes) -> list[bytes]:
+    out, at = [], seal.HEADER
+    while at < len(blob):
+        n = struct.unpack(">I", blob[at : at + 4])[0] & 0x7FFFFFFF
+        out.append(blob[at : at + 4 + n])
+        at += 4 + n
+    return out
+
+
+DATA = os.urandom(3 * seal.FRAME + 12345)
+
+
+def test_a_sealed_checkpoint_opens_with_its_key_and_is_ciphertext_meanwhile() -> None:
+    key = seal.new_key()
+    blob = _sealed(DATA, key, "m1/m1")
+    assert len(blob) == seal.sealed_size(len(DATA))
+    assert DATA[:4096] not in blob and DATA[-4096:] not in blob
+    assert _open(blob, key, "m1/m1") == DATA
+
+
+def _tampered(blob: bytes) -> bytes:
+    b = bytearray(blob)
+    b[seal.HEADER + 4 + 1000] ^= 1
+    return bytes(b)
+
+
+def _reordered(blob: bytes) -> bytes:
+    f = _frames(blob)
+    return blob[: seal.HEADER] + f[1] + f[0] + b"".join(f[2:])
+
+
+def _truncated(blob: bytes) -> bytes:
+    return blob[: seal.HEADER] + b"".join(_frames(blob)[:-1])
+
+
+def _duplicated(blob: bytes) -> bytes:
+    f = _frames(blob)
+    return blob[: seal.HEADER] + f[0] + b"".join(f)
+
+
+@pytest.mark.parametrize(
+    ("attack", "why"),
+    [
+        (_tampered, "frame 0 does not authenticate"),
+        (_reordered, "frame 0 does not authenticate"),
+        (_truncated, "cut off before its final frame"),
+        (_duplicated, "frame 1 does not authenticate"),
+    ],
+)
+def test_a_tampered_reordered_duplicated_or_truncated_stream_is_refused(attack: Any, why: str) -> None:
+    key = seal.new_key()
+    with pytest.raises(TransportError, match=why):
+        _open(attack(_sealed(DATA, key, "m1/m1")), key, "m1/m1")
+
+
+def test_a_stream_replayed_from_another_migration_or_for_another_checkpoint_is_refused() -> None:
+    key = seal.new_key()
+    blob = _sealed(DATA, key, "m1/m1")
+    with pytest.raises(TransportError, match="frame 0 does not authenticate"):
+        _open(blob, seal.new_key(), "m1/m1")  # another migration: another key
+    with pytest.raises(TransportError, match="frame 0 does not authenticate"):
+        _open(blob, key, "m1/m1.sidecar")  # the same migration's other member
+
+
+# ------------------------------------------------------------------------------ the upload route
+
+
+@pytest.fixture
+def agent(ca: CA, tmp_path: Path) -> NodeAgent:
+    root = tmp_path / "checkpoints"
+    root.mkdir(mode=0o700)
+    a = NodeAgent(App("node-b", "node", TOKEN), object(), _files(ca, "node-b"), root, tmp_path / "security")  # type: ignore[arg-type]
+    a.register()
+    return a
+
+
+def _upload(a: NodeAgent, cid: str, body: bytes, sealed_for: str | None) -> Any:
+    headers = {stream.SEALED_HEADER: sealed_for} if sealed_for else {}
+    return a.upload({"cid": cid}, {"stream": io.BytesIO(body), "length": len(body), "headers": headers})
+
+
+def test_the_target_opens_a_sealed_upload_only_with_the_key_its_controller_gave_it(agent: NodeAgent) -> None:
+    key = seal.new_key()
+    blob = _sealed(DATA, key, "m1/m1")
+    with pytest.raises(TransportError, match="which this agent has no key for"):
+        _upload(agent, "m1", blob, "m1")
+    agent.expect_seal({"cid": "m1"}, {"seal": key})
+    with pytest.raises(TransportError, match="arrived unsealed, but its migration seals"):
+        _upload(agent, "m1", DATA, None)
+    with pytest.raises(TransportError, match="not sealed for this migration"):
+        _upload(agent, "m1", _sealed(DATA, seal.new_key(), "m1/m1"), "m1")  # replayed from elsewhere
+    assert not list(agent.files.root.iterdir()), "a refused upload leaves nothing behind"
+    got = _upload(agent, "m1", blob, "m1")
+    assert got == {"bytes": len(blob), "sha256": hashlib.sha256(DATA).hexdigest()}
+    agent.commit({"cid": "m1"}, {"sha256": hashlib.sha256(DATA).hexdigest()})
+    assert agent.files.archive("m1").read_bytes() == DATA
+    assert oct(agent.files.archive("m1").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_seal_key_that_is_not_32_bytes_is_a_usage_error(agent: NodeAgent) -> None:
+    with pytest.raises(UsageError, match="64 hex digits"):
+        agent.expect_seal({"cid": "m1"}, {"seal": "abcd"})
