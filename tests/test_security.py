@@ -255,3 +255,37 @@ def test_the_target_opens_a_sealed_upload_only_with_the_key_its_controller_gave_
 def test_a_seal_key_that_is_not_32_bytes_is_a_usage_error(agent: NodeAgent) -> None:
     with pytest.raises(UsageError, match="64 hex digits"):
         agent.expect_seal({"cid": "m1"}, {"seal": "abcd"})
+
+
+def test_a_kubeconfigs_inline_client_key_is_written_owner_only_and_removed_at_exit(tmp_path: Path) -> None:
+    import base64
+    import subprocess
+    import sys
+
+    def b64(text: str) -> str:
+        return base64.b64encode(text.encode()).decode()
+
+    cfg = tmp_path / "kubeconfig"
+    cfg.write_text(
+        json.dumps(
+            {
+                "current-context": "c",
+                "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+                "clusters": [{"name": "k", "cluster": {"server": "https://127.0.0.1:6443",
+                                                        "certificate-authority-data": b64("CA")}}],
+                "users": [{"name": "u", "user": {"client-certificate-data": b64("CERT"),
+                                                 "client-key-data": b64("SECRET KEY")}}],
+            }
+        )
+    )  # fmt: skip
+    code = (
+        "import json, os, sys; from pathlib import Path; from podmigrate.k8s.api import KubeConfig\n"
+        "c = KubeConfig._from_kubeconfig(Path(sys.argv[1]))\n"
+        "files = [c.verify, *c.cert]\n"
+        "print(json.dumps({f: [oct(os.stat(f).st_mode & 0o777), open(f).read()] for f in files}))\n"
+    )
+    p = subprocess.run([sys.executable, "-c", code, str(cfg)], capture_output=True, text=True, check=True)
+    seen = json.loads(p.stdout)
+    assert sorted(v[1] for v in seen.values()) == ["CA", "CERT", "SECRET KEY"]
+    assert {v[0] for v in seen.values()} == {"0o600"}
+    assert not [f for f in seen if os.path.exists(f)], "a client key must not outlive the process"

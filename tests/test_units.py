@@ -314,3 +314,21 @@ def test_a_criu_run_without_options_waits_for_one_with_them_and_never_reads_them
     for t in threads:
         t.join(10)
     assert seen == ["manage-cgroups=ignore\n"]
+
+
+def test_the_engine_bench_sets_security_on_beside_off_per_heap_and_method():
+    from podmigrate.bench.engine import security_cost, table
+
+    def row(method, blackout, warmup=False):
+        return {"heap_mb": 1024, "method": method, "warmup": warmup, "blackout_s": blackout, "phase_s": {},
+                "state": "kept", "sha256_equal": True}  # fmt: skip
+
+    rows = [row("lazy · security on", b) for b in (0.5, 0.6, 0.55)] + [
+        row("lazy · security off", b) for b in (0.5, 0.45, 0.4)
+    ]
+    rows.append(row("lazy · security on", 9.0, warmup=True))  # warm-ups never count
+    assert security_cost(table(rows)) == [
+        {"heap_mb": 1024, "method": "lazy", "n": 3, "blackout_on_s": 0.55, "blackout_off_s": 0.45,
+         "ratio": 1.222, "checkpoint_on_s": None, "checkpoint_off_s": None}
+    ]  # fmt: skip
+    assert security_cost(table([row("lazy", 0.5)])) == []

@@ -121,8 +121,11 @@ def run(
     report: Report = lambda _m: None,
     methods: list[str] | None = None,
     warm_memory_gib: float | None = 0,  # None: all free memory but 4 GiB (bench.memory.warm)
+    security: tuple[str, ...] = ("on",),  # ("on", "off"): each run of each method with both, interleaved
 ) -> dict[str, Any]:
     lab.require_up()
+    if not security or set(security) - {"on", "off"}:
+        raise UsageError(f"security settings are on and off, not {list(security)}")
     # gzip is single-threaded (~20 MB/s here): only when asked for, as in the sweep
     chosen = [
         m
@@ -154,22 +157,32 @@ def run(
                     warmup=True,
                 )
             )
-        for label, mode, transport, compression in chosen:
-            for i in range(runs):
-                source = manage.locate(lab, name).node
-                target = other[source]
-                report(f"{heap} MB: {label} run {i + 1}/{runs} ({source} -> {target})")
-                rec: Mapping[str, Any]
-                if mode == "podman-image":
-                    rec = podman_image(lab, name, source, target, heap)
-                else:
-                    rec = migrate(
-                        lab, Plan(workload=name, target=target, mode=mode, transport=transport, compression=compression)
-                    )
-                rows.append(_row(label, heap, rec))
-                (out_dir / "rows.json").write_text(json.dumps(rows, indent=2))
+        try:
+            for label, mode, transport, compression in chosen:
+                for i in range(runs):
+                    # on and off alternate within each run (and their order flips every run), so that
+                    # drift in the machine's speed falls on both alike
+                    for setting in security if i % 2 == 0 else tuple(reversed(security)):
+                        lab.set_security(setting)
+                        shown = f"{label} · security {setting}" if len(security) > 1 else label
+                        source = manage.locate(lab, name).node
+                        target = other[source]
+                        report(f"{heap} MB: {shown} run {i + 1}/{runs} ({source} -> {target})")
+                        rec: Mapping[str, Any]
+                        if mode == "podman-image":
+                            rec = podman_image(lab, name, source, target, heap)
+                        else:
+                            plan = Plan(
+                                workload=name, target=target, mode=mode, transport=transport, compression=compression
+                            )
+                            rec = migrate(lab, plan)
+                        rows.append({**_row(shown, heap, rec), "security": setting})
+                        (out_dir / "rows.json").write_text(json.dumps(rows, indent=2))
+        finally:
+            lab.set_security("on")
         manage.stop(lab, name)
     tab = table(rows)
+    cost = security_cost(tab) if len(security) > 1 else []
     summary = {
         "created": time.time(),
         "heaps": heaps,
@@ -177,9 +190,10 @@ def run(
         "guest_memory_warmup": warmed,
         "rows": rows,
         "table": tab,
+        "security_cost": cost,
     }
     (out_dir / "bench.json").write_text(json.dumps(summary, indent=2))
-    (out_dir / "bench.md").write_text(markdown(tab))
+    (out_dir / "bench.md").write_text(markdown(tab) + (security_markdown(cost) if cost else ""))
     return summary
 
 
@@ -216,6 +230,44 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
     return out
+
+
+def security_cost(tab: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per heap and method: median blackout with sealing and CRIU's TLS on and off, and their ratio."""
+    by = {(r["heap_mb"], r["method"]): r for r in tab}
+    out = []
+    for (heap, method), on in sorted(by.items()):
+        if not method.endswith(" · security on"):
+            continue
+        base = method.removesuffix(" · security on")
+        off = by.get((heap, f"{base} · security off"))
+        if off is None or not on["blackout_s"] or not off["blackout_s"]:
+            continue
+        out.append(
+            {
+                "heap_mb": heap,
+                "method": base,
+                "n": min(on["n"], off["n"]),
+                "blackout_on_s": on["blackout_s"],
+                "blackout_off_s": off["blackout_s"],
+                "ratio": round(on["blackout_s"] / off["blackout_s"], 3),
+                "checkpoint_on_s": on["phase_s"].get("checkpoint"),
+                "checkpoint_off_s": off["phase_s"].get("checkpoint"),
+            }
+        )
+    return out
+
+
+def security_markdown(cost: list[dict[str, Any]]) -> str:
+    lines = [
+        "",
+        "| heap MB | method | n | blackout, security on s | off s | on / off |",
+        "|---|---|---|---|---|---|",
+    ]
+    for c in cost:
+        cells = [c["heap_mb"], c["method"], c["n"], c["blackout_on_s"], c["blackout_off_s"], c["ratio"]]
+        lines.append("| " + " | ".join(str(x) for x in cells) + " |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(tab: list[dict[str, Any]]) -> str:

@@ -33,9 +33,22 @@ def bench() -> None:
     help="Touch this much guest memory once before measuring (first touch is slow on VMs); "
     "default: all free memory but 4 GiB; 0: skip.",
 )
+@click.option(
+    "--security",
+    default="on",
+    show_default=True,
+    type=click.Choice(["on", "off", "on,off"]),
+    help="on,off: every run of every method with sealing and CRIU's TLS on and off, interleaved, and their ratio.",
+)
 @click.pass_context
 def bench_engine(
-    ctx: click.Context, heaps: str, runs: int, methods: str | None, out_dir: str | None, warm_memory_gb: float | None
+    ctx: click.Context,
+    heaps: str,
+    runs: int,
+    methods: str | None,
+    out_dir: str | None,
+    warm_memory_gb: float | None,
+    security: str,
 ) -> None:
     """Every mode and transport at several heap sizes, beside Podman's own two paths."""
     import time
@@ -59,6 +72,7 @@ def bench_engine(
             report,
             methods=methods.split(",") if methods else None,
             warm_memory_gib=warm_memory_gb,
+            security=tuple(security.split(",")),
         )
     t = Table(
         "heap MB", "method", "n", "blackout s", "at cutover s", "drift", "CRIU frozen s", "phases (median s)", "state"
@@ -76,6 +90,18 @@ def bench_engine(
             str(r["state"]),
         )
     out.print(t)
+    if summary["security_cost"]:
+        c = Table("heap MB", "method", "n", "blackout on s", "off s", "on / off", title="what security costs")
+        for r in summary["security_cost"]:
+            c.add_row(
+                str(r["heap_mb"]),
+                r["method"],
+                str(r["n"]),
+                str(r["blackout_on_s"]),
+                str(r["blackout_off_s"]),
+                str(r["ratio"]),
+            )
+        out.print(c)
     err.print(f"results: {out_path}/ (bench.md, bench.json, rows.json)")
 
 
@@ -104,6 +130,7 @@ def bench_sweep(
         methods=methods,
         out_dir=out_dir or f"results/sweep-{time.strftime('%Y%m%d-%H%M%S')}",
         warm_memory_gb=warm_memory_gb,
+        security="on",
     )
 
 

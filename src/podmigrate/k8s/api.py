@@ -8,7 +8,9 @@ message, so callers can tell a missing object (404) from a conflict (409) or a d
 
 from __future__ import annotations
 
+import atexit
 import base64
+import contextlib
 import os
 import tempfile
 from dataclasses import dataclass
@@ -84,10 +86,18 @@ class KubeConfig:
 
 
 def _write_temp(data: bytes) -> str:
+    """A kubeconfig's inline CA, certificate or key as the file httpx needs: 0600 (mkstemp) and
+    removed when this process exits, since a client key is a credential."""
     fd, name = tempfile.mkstemp(prefix="podmigrate-kube-")
     with os.fdopen(fd, "wb") as f:
         f.write(data)
+    atexit.register(_remove, name)
     return name
+
+
+def _remove(name: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(name)
 
 
 class KubeAPI:
