@@ -211,6 +211,8 @@ def test_decoupled_migration_moves_the_pod_with_its_memory_there_and_back(cluste
     st = c.wait_phase("move-1", "Completed", "Failed", "RolledBack")
     assert st["phase"] == "Completed", st
     assert st["restorePath"] == path
+    # sealed where the target's agent reads the image (runtimeclass); containerd reads it itself (cri)
+    assert st["record"]["sealed"] is (path == "runtimeclass") and "seal" not in st["record"]
     restored = st["restoredPod"]["name"]
     assert st["restoredPod"]["node"] == "node-b" and restored.startswith("heapsrv-m")
     # both containers were checkpointed through the kubelet of the source node, nothing else

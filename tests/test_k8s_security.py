@@ -36,7 +36,7 @@ from podmigrate.k8s.restores import Restores
 from podmigrate.kubelab.apiserver import APIServer
 from podmigrate.kubelab.cluster import free_port
 from podmigrate.pki import CA
-from podmigrate.transport import registry
+from podmigrate.transport import registry, seal
 from tests.conftest import wait_for
 
 OURS = "localhost:5000/checkpoints"
@@ -327,6 +327,33 @@ def test_a_restore_goes_by_the_pushed_digest_and_never_to_a_foreign_registry(age
     with pytest.raises(PodmigrateError, match=r"restore from 'evil\.example/ckpt/web:c2' is not in the allowed"):
         c.post("/v1/restores", {"checkpoint_id": "c4", "images": foreign})
     assert not (agent.restores / "c4").exists()
+
+
+def test_a_sealed_image_is_ciphertext_in_the_registry_and_restores_only_with_its_migrations_key(
+    agent: Agent,
+) -> None:
+    c = agent.client()
+    config = controller.Config(seal_master=seal.new_key())
+    key = config.seal_key("c5")
+    assert key and key == controller.Config(seal_master=config.seal_master).seal_key("c5") != config.seal_key("c6")
+    body = {"namespace": "default", "pod": "web", "containers": ["server"], "checkpoint_id": "c5"}
+    path = c.post("/v1/checkpoints", body)["archives"]["server"]["path"]
+    ref = f"{agent.allowed}/default-web-server:c5"
+    pushed = c.post("/v1/images", {**body, "archives": {"server": path}, "references": {"server": ref}, "seal": key})
+    digest = pushed["images"]["server"]["manifest_digest"]
+    host, repo, _ = registry.split_reference(ref)
+    manifest, _ = registry.Registry(host, repo=repo).get_manifest(repo, digest)
+    assert manifest["layers"][0]["mediaType"].endswith("+podmigrate-sealed")
+    images = {"server": {"reference": ref, "digest": digest}}
+    for extra, why in (
+        ({}, "sealed for a migration, and this restore has no key"),
+        ({"seal": config.seal_key("c6")}, "not sealed for this migration"),  # another migration's key
+    ):
+        with pytest.raises(PodmigrateError, match=why):
+            c.post("/v1/restores", {"checkpoint_id": "c5", "namespace": "default", "images": images, **extra})
+        assert not (agent.restores / "c5" / "server").exists()
+    got = c.post("/v1/restores", {"checkpoint_id": "c5", "namespace": "default", "images": images, "seal": key})
+    assert (Path(got["restores"]["server"]["path"]) / "podmigrate-verified.json").exists()
 
 
 def test_the_cri_restore_runs_the_checkpoint_image_by_digest_and_never_by_tag() -> None:

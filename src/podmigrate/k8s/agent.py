@@ -52,6 +52,7 @@ from podmigrate.k8s.kubelet import CHECKPOINT_DIR, KubeletClient
 from podmigrate.k8s.policy import Policy, Refused, parse_list
 from podmigrate.k8s.restores import Restores
 from podmigrate.transport import registry
+from podmigrate.transport.stream import Seal
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _K8S_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # namespaces, pods, containers
@@ -154,7 +155,8 @@ def build_app(
                           "bytes": layer["size"], "repeated": True}  # fmt: skip
                 continue
             ann = registry.checkpoint_annotations(c, {"io.podmigrate.source": f"{b.get('namespace')}/{b.get('pod')}"})
-            out[c] = registry.push_checkpoint(archive, ref, ann, b.get("compression", "none"))
+            sealed = Seal(str(b["seal"]), f"{cid}.{c}") if b.get("seal") and cid else None
+            out[c] = registry.push_checkpoint(archive, ref, ann, b.get("compression", "none"), sealed)
             # the kubelet never deletes its archives; once the image is in the registry the copy is waste
             archive.unlink(missing_ok=True)
         return {"images": out, "seconds": time.time() - t0}

@@ -6,6 +6,8 @@ Neighbours: ``k8s.agent`` is what answers; ``client.AgentClient`` does the HTTP 
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import ssl
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,9 +36,19 @@ class Config:
     # agents are dialled at their pod IPs, which no certificate made before the pod can name: with a CA
     # that signs only podmigrate's agents and operator, the chain is the identity (False in clusters)
     agent_check_hostname: bool = True
+    # the operator's master key (64 hex, from a Secret only the operator mounts): each migration's key
+    # is derived from it and its id, so a restarted operator opens what the one before it sealed
+    seal_master: str = field(default="", repr=False)
 
     def policy(self) -> Policy:
         return Policy.of(self.allowed_registries or (self.registry,), self.namespaces or None)
+
+    def seal_key(self, migration_id: str) -> str | None:
+        """The key that seals migration ``migration_id``'s checkpoint images; None without a master key."""
+        if not self.seal_master:
+            return None
+        master = bytes.fromhex(self.seal_master)
+        return hmac.new(master, f"podmigrate migration {migration_id}".encode(), hashlib.sha256).hexdigest()
 
     def agent_tls(self) -> ssl.SSLContext | None:
         if not self.agent_ca:

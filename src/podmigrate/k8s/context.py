@@ -41,6 +41,7 @@ class K8sRecord(RunRecord, total=False):
     digests: dict[str, str]  # container -> manifest digest
     bytes: int  # pushed
     restore_path: str  # cri (the runtime restores the image) or runtimeclass (k8s.runtimes)
+    sealed: bool  # the images are sealed for this migration (runtimeclass with the operator's key)
     restore_dirs: dict[str, str]  # runtimeclass: container -> the verified checkpoint on the target node
     cutover_at: float
     blackout_s: float

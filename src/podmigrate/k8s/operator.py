@@ -73,6 +73,7 @@ def config() -> controller.Config:
         agent_cert=env.get("PODMIGRATE_AGENT_CERT", ""),
         agent_key=env.get("PODMIGRATE_AGENT_KEY", ""),
         agent_check_hostname=env.get("PODMIGRATE_AGENT_CHECK_HOSTNAME", "1") not in ("0", "false", "no"),
+        seal_master=env.get("PODMIGRATE_SEAL_KEY", ""),
     )
 
 

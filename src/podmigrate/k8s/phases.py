@@ -119,7 +119,17 @@ def undo_checkpoint(ctx: Ctx) -> str:
     return f"deleted archives {sorted(p for p, was in out['deleted'].items() if was)}"
 
 
+def seal(ctx: Ctx) -> dict[str, Any]:
+    """The request field that seals (push) or opens (restore) this migration's images. Only on the
+    RuntimeClass path, where the target's agent reads the image; containerd's CRI restore reads it
+    itself and cannot open a sealed layer."""
+    key = ctx.config.seal_key(ctx.rec["id"]) if ctx.rec.get("restore_path") == "runtimeclass" else None
+    return {"seal": key} if key else {}
+
+
 def package(ctx: Ctx) -> None:
+    sealed = seal(ctx)
+    ctx.rec["sealed"] = bool(sealed)
     out = ctx.agents.call(
         ctx.rec["source"],
         "/v1/images",
@@ -130,6 +140,7 @@ def package(ctx: Ctx) -> None:
             "archives": ctx.rec["archives"],
             "references": ctx.rec["references"],
             "compression": ctx.spec["compression"],
+            **sealed,
         },
     )
     ctx.rec["images"] = {c: i["reference"] for c, i in out["images"].items()}
@@ -177,6 +188,7 @@ def _copy(ctx: Ctx) -> dict[str, Any]:
             "checkpoint_id": rec["id"],
             "namespace": ctx.ns,
             "images": {c: {"reference": r, "digest": digests[c]} for c, r in refs.items()},
+            **seal(ctx),
         }
         out = ctx.agents.call(rec["target"], "/v1/restores", body)
         rec["restore_dirs"] = {c: r["path"] for c, r in out["restores"].items()}

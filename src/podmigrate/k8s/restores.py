@@ -28,6 +28,7 @@ from podmigrate.errors import TransportError, UsageError
 from podmigrate.k8s.policy import Policy, Refused, by_digest
 from podmigrate.transport import registry
 from podmigrate.transport.oci import LAYER_TYPE, MEDIA_SUFFIX, SEALED_SUFFIX
+from podmigrate.transport.stream import Seal
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 VERIFIED = "podmigrate-verified.json"  # runtime.runc_restore looks for it
@@ -47,7 +48,9 @@ class Restores:
         rel = Path(cid) / container if container else Path(cid)
         return self.local / rel, self.node / rel
 
-    def fetch(self, cid: str, container: str, reference: str, digest: str) -> dict[str, Any]:
+    def fetch(
+        self, cid: str, container: str, reference: str, digest: str, sealed: Seal | None = None
+    ) -> dict[str, Any]:
         local, node = self._dir(cid, container)
         t0 = time.time()
         if (local / VERIFIED).exists():  # a repeated request (an operator that restarted)
@@ -59,7 +62,7 @@ class Restores:
         with tempfile.TemporaryDirectory(dir=local.parent) as tmp:
             archive = Path(tmp) / "layer.tar"
             try:
-                pulled = pull_by_digest(reference, digest, archive)
+                pulled = pull_by_digest(reference, digest, archive, sealed)
             except TransportError:
                 shutil.rmtree(local, ignore_errors=True)
                 raise
@@ -89,7 +92,13 @@ class Restores:
                         policy.check_registry(str(i["reference"]), "restore from")
                 except Refused as e:
                     raise UsageError(f"agent {app.name}: {e}") from None
-            out = {c: self.fetch(b["checkpoint_id"], c, i["reference"], i["digest"]) for c, i in b["images"].items()}
+            cid = str(b["checkpoint_id"])
+            out = {
+                c: self.fetch(
+                    cid, c, i["reference"], i["digest"], Seal(b["seal"], f"{cid}.{c}") if b.get("seal") else None
+                )
+                for c, i in b["images"].items()
+            }
             return {"restores": out}
 
         @app.route("POST", "/v1/restores/delete")
@@ -97,8 +106,9 @@ class Restores:
             return {"deleted": self.delete(b["checkpoint_id"])}
 
 
-def pull_by_digest(reference: str, digest: str, dest: Path) -> dict[str, Any]:
-    """The checkpoint layer of ``reference``'s manifest ``digest`` into ``dest``, checked on the way."""
+def pull_by_digest(reference: str, digest: str, dest: Path, sealed: Seal | None = None) -> dict[str, Any]:
+    """The checkpoint layer of ``reference``'s manifest ``digest`` into ``dest``, checked on the way
+    and, when ``sealed``, opened with the migration's key (an unsealed layer is then refused)."""
     try:
         pinned = by_digest(reference, digest)
     except Refused as e:
@@ -119,10 +129,14 @@ def pull_by_digest(reference: str, digest: str, dest: Path) -> dict[str, Any]:
     if registry.CRIO_ANNOTATION not in ann or len(layers) != 1:
         raise TransportError(f"{pinned} is not a podmigrate checkpoint image; refusing to restore it")
     mt = str(layers[0].get("mediaType", LAYER_TYPE))
-    if mt.endswith(SEALED_SUFFIX):  # the RuntimeClass path has no key to open it with
-        raise TransportError(f"{pinned} is sealed for a migration; this restore path cannot open it")
+    if mt.endswith(SEALED_SUFFIX) and sealed is None:
+        raise TransportError(f"{pinned} is sealed for a migration, and this restore has no key for it")
+    if sealed is not None and not mt.endswith(SEALED_SUFFIX):
+        raise TransportError(f"{pinned} is not sealed, but its migration seals checkpoints; refusing to restore it")
+    mt = mt.removesuffix(SEALED_SUFFIX)
     compression = next((c for c, suf in MEDIA_SUFFIX.items() if suf and mt.endswith(suf)), "none")
-    size = reg.fetch_blob(repo, layers[0]["digest"], dest, layers[0].get("size"), compression)
+    seal_ctx = (sealed.key, sealed.context("layer")) if sealed else None
+    size = reg.fetch_blob(repo, layers[0]["digest"], dest, layers[0].get("size"), compression, seal_ctx)
     return {"reference": pinned, "manifest_digest": digest, "layer_digest": layers[0]["digest"], "bytes": size}
 
 

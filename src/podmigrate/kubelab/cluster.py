@@ -87,6 +87,7 @@ class KubeLab:
     # where the operator and the agents let checkpoints go (None: ``registry`` alone)
     allowed_registries: list[str] | None = None
     kubelet_token: str = field(default_factory=lambda: secrets.token_hex(16))
+    seal_master: str = field(default_factory=lambda: secrets.token_hex(32), repr=False)
     nodes: dict[str, Node] = field(default_factory=dict)
     operator: subprocess.Popen[bytes] | None = None
     metrics_port: int = 0
@@ -180,6 +181,7 @@ class KubeLab:
             "PODMIGRATE_AGENT_CERT": str(self.operator_identity.cert),
             "PODMIGRATE_AGENT_KEY": str(self.operator_identity.key),
             "PODMIGRATE_REGISTRY": self.registry,
+            "PODMIGRATE_SEAL_KEY": self.seal_master,  # what a Secret mounted only by the operator holds
             "PODMIGRATE_ALLOWED_REGISTRIES": ",".join(self.policy().registries),
             "PODMIGRATE_METRICS_PORT": str(self.metrics_port),
             "PODMIGRATE_POLL_S": str(self.poll_s),
