@@ -316,10 +316,10 @@ def test_a_criu_run_without_options_waits_for_one_with_them_and_never_reads_them
     assert seen == ["manage-cgroups=ignore\n"]
 
 
-def test_the_engine_bench_sets_security_on_beside_off_per_heap_and_method():
+def test_the_engine_bench_sets_security_on_beside_off_per_heap_and_method() -> None:
     from podmigrate.bench.engine import security_cost, table
 
-    def row(method, blackout, warmup=False):
+    def row(method: str, blackout: float, warmup: bool = False) -> dict[str, Any]:
         return {"heap_mb": 1024, "method": method, "warmup": warmup, "blackout_s": blackout, "phase_s": {},
                 "state": "kept", "sha256_equal": True}  # fmt: skip
 
