@@ -339,6 +339,14 @@ class World:
             container(p["n"]).state = "exited"
             return {"started": time.time()}
 
+        @app.route("POST", "/v1/containers/(?P<n>[^/]+)/rename")
+        def rename(p: dict[str, str], b: dict[str, Any]) -> Any:
+            c = container(p["n"])
+            node.containers.pop(c.name)
+            c.name = b["to"]
+            node.containers[c.name] = c
+            return {"renamed": p["n"], "to": c.name}
+
         @app.route("POST", "/v1/containers/(?P<n>[^/]+)/start")
         def start(p: dict[str, str], b: dict[str, Any]) -> Any:
             c = container(p["n"])

@@ -11,6 +11,7 @@ below) or by acting on the real parts (the registry's files, containerd's proces
 from __future__ import annotations
 
 import hashlib
+import json
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +24,7 @@ from podmigrate import layout
 from podmigrate.cri import CRIClient
 from podmigrate.errors import CRIError, PodmigrateError
 from podmigrate.k8s import api as k
+from podmigrate.k8s.agents import Config
 from podmigrate.kubelab import example
 from podmigrate.kubelab.cluster import AGENT_NS, KubeLab
 from podmigrate.kubelab.kubelet import Kubelet, KubeletError
@@ -213,6 +215,8 @@ def test_decoupled_migration_moves_the_pod_with_its_memory_there_and_back(cluste
     assert st["restorePath"] == path
     # sealed where the target's agent reads the image (runtimeclass); containerd reads it itself (cri)
     assert st["record"]["sealed"] is (path == "runtimeclass") and "seal" not in st["record"]
+    key = Config(seal_master=c.kl.seal_master).seal_key(st["record"]["id"])
+    assert key and key not in json.dumps(st) and key not in c.kl.operator_log()  # the key is in no record or log
     restored = st["restoredPod"]["name"]
     assert st["restoredPod"]["node"] == "node-b" and restored.startswith("heapsrv-m")
     # both containers were checkpointed through the kubelet of the source node, nothing else
@@ -371,7 +375,7 @@ def test_the_target_agent_refuses_a_replaced_or_damaged_image_before_anything_re
     archive = Path(archives["server"]["path"])
     made = "sha256:" + hashlib.sha256(archive.read_bytes()).hexdigest()  # what containerd wrote
     pushed = source.post(
-        "/v1/images", {"archives": {"server": archives["server"]["path"]}, "references": {"server": ref}}
+        "/v1/images", {**body, "archives": {"server": archives["server"]["path"]}, "references": {"server": ref}}
     )
     digest = pushed["images"]["server"]["manifest_digest"]
     # the image's one layer is exactly the runtime's archive, and both runtimes' annotations are on it
@@ -384,7 +388,8 @@ def test_the_target_agent_refuses_a_replaced_or_damaged_image_before_anything_re
 
     def fetch(cid: str, want: str) -> Any:
         return target.post(
-            "/v1/restores", {"checkpoint_id": cid, "images": {"server": {"reference": ref, "digest": want}}}
+            "/v1/restores",
+            {"checkpoint_id": cid, "namespace": NS, "images": {"server": {"reference": ref, "digest": want}}},
         )
 
     with pytest.raises(PodmigrateError, match="not the checkpoint image that was pushed"):

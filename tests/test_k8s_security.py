@@ -28,7 +28,7 @@ from podmigrate.client import AgentClient
 from podmigrate.errors import AgentError, PodmigrateError
 from podmigrate.k8s import agent as node_agent
 from podmigrate.k8s import api as k
-from podmigrate.k8s import controller
+from podmigrate.k8s import controller, phases
 from podmigrate.k8s.context import LOCK, K8sRecord
 from podmigrate.k8s.kubelet import KubeletClient
 from podmigrate.k8s.policy import Policy, Refused, by_digest
@@ -150,6 +150,45 @@ def test_an_allowed_registry_passes_validation(kube: k.KubeAPI) -> None:
     assert all(r.startswith("registry.example:5000/ckpt/default-web-server:") for r in ctx.rec["references"].values())
     controller.rollback(ctx)  # unlock the pod for the other tests
     assert LOCK not in ((kube.get(k.pods("default", "web")) or {})["metadata"].get("annotations") or {})
+
+
+class RuntimeClassAgents(NoAgents):
+    """Agents whose target serves the podmigrate RuntimeClass (asked at validate, nothing else)."""
+
+    def info(self, node: str) -> dict[str, Any]:
+        return {"restore_handler": "podmigrate-runc"}
+
+
+def test_the_runtimeclass_path_seals_only_with_the_operators_key_and_says_so_when_it_cannot(
+    kube: k.KubeAPI,
+) -> None:
+    rc = "/apis/node.k8s.io/v1/runtimeclasses"
+    kube.create(rc, {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",
+                     "metadata": {"name": "podmigrate"}, "handler": "podmigrate-runc"})  # fmt: skip
+    spec = {"podName": "web", "targetNode": "node-b", "restorePath": "runtimeclass"}
+    try:
+        for name, master in (("unsealed", ""), ("sealed", seal.new_key())):
+            cfg = controller.Config(registry=OURS, poll_s=0.01, seal_master=master)
+            resource = {"apiVersion": "podmigrate.io/v1alpha1", "kind": "PodLiveMigration",
+                        "metadata": {"name": name, "namespace": "default"}, "spec": spec}  # fmt: skip
+            kube.create(k.migrations("default"), resource)
+            events: list[tuple[str, ...]] = []
+            agents = RuntimeClassAgents(kube, cfg)
+            ctx = controller.Ctx(
+                kube, agents, cfg, "default", name, spec, K8sRecord(), lambda *e, ev=events: ev.append(e)
+            )
+            controller.run(ctx, stop_after="validate")
+            assert ctx.rec["restore_path"] == "runtimeclass", ctx.rec.get("error")
+            assert ctx.rec["sealed"] is bool(master)
+            unsealed = [e for e in events if e[1] == "Unsealed"]
+            assert bool(unsealed) is not bool(master), events
+            if master:  # an operator restarted without its key cannot open what it sealed, and says why
+                ctx.config = controller.Config(registry=OURS, poll_s=0.01)
+                with pytest.raises(PodmigrateError, match="this operator has no seal key to open them"):
+                    phases.seal(ctx)
+            controller.rollback(ctx)
+    finally:
+        kube.delete(f"{rc}/podmigrate")
 
 
 def test_a_namespace_the_operator_does_not_serve_is_refused(kube: k.KubeAPI) -> None:
@@ -302,12 +341,17 @@ def test_the_agent_refuses_pods_outside_its_namespaces_and_pushes_outside_its_re
         c.post("/v1/images", mistagged)
 
 
+def checkpointed(c: AgentClient, allowed: str, cid: str) -> dict[str, Any]:
+    """A push request for a fresh checkpoint of default/web (kubelet stub) as migration ``cid``."""
+    body = {"namespace": "default", "pod": "web", "containers": ["server"], "checkpoint_id": cid}
+    path = c.post("/v1/checkpoints", body)["archives"]["server"]["path"]
+    return {**body, "archives": {"server": path}, "references": {"server": f"{allowed}/default-web-server:{cid}"}}
+
+
 def test_a_restore_goes_by_the_pushed_digest_and_never_to_a_foreign_registry(agent: Agent, tmp_path: Path) -> None:
     c = agent.client()
-    body = {"namespace": "default", "pod": "web", "containers": ["server"], "checkpoint_id": "c2"}
-    path = c.post("/v1/checkpoints", body)["archives"]["server"]["path"]
-    ref = f"{agent.allowed}/default-web-server:c2"
-    push = {**body, "archives": {"server": path}, "references": {"server": ref}}
+    push = checkpointed(c, agent.allowed, "c2")
+    ref = push["references"]["server"]
     pushed = c.post("/v1/images", push)["images"]["server"]
     # someone moves the tag to another image after the push
     other = tmp_path / "other.tar"
@@ -322,10 +366,10 @@ def test_a_restore_goes_by_the_pushed_digest_and_never_to_a_foreign_registry(age
     assert verified["layer_digest"] == pushed["layer_digest"] != moved["layer_digest"]  # the source's, not the tag's
     wanted = {"server": {"reference": ref, "digest": "sha256:" + "1" * 64}}
     with pytest.raises(PodmigrateError, match="not the checkpoint image that was pushed"):
-        c.post("/v1/restores", {"checkpoint_id": "c3", "images": wanted})
+        c.post("/v1/restores", {"checkpoint_id": "c3", "namespace": "default", "images": wanted})
     foreign = {"server": {"reference": "evil.example/ckpt/web:c2", "digest": pushed["manifest_digest"]}}
     with pytest.raises(PodmigrateError, match=r"restore from 'evil\.example/ckpt/web:c2' is not in the allowed"):
-        c.post("/v1/restores", {"checkpoint_id": "c4", "images": foreign})
+        c.post("/v1/restores", {"checkpoint_id": "c4", "namespace": "default", "images": foreign})
     assert not (agent.restores / "c4").exists()
 
 
@@ -408,3 +452,24 @@ def test_the_operator_finds_and_calls_the_agent_over_mutual_tls(
     finally:
         no_cert.close()
     kube.delete(k.pods("podmigrate-system", "podmigrate-agent-node-a"))
+
+
+def test_a_push_names_its_migration_and_a_repeat_does_not_follow_a_moved_tag(agent: Agent, tmp_path: Path) -> None:
+    c = agent.client()
+    push = checkpointed(c, agent.allowed, "c7")
+    ref = push["references"]["server"]
+    for missing in ("namespace", "checkpoint_id"):
+        with pytest.raises(PodmigrateError, match="a push names its namespace and checkpoint_id"):
+            c.post("/v1/images", {k: v for k, v in push.items() if k != missing})
+    first = c.post("/v1/images", push)["images"]["server"]
+    assert c.post("/v1/images", push)["images"]["server"]["manifest_digest"] == first["manifest_digest"]  # a retry
+    other = tmp_path / "other.tar"
+    other.write_bytes(checkpoint_archive(b"not the process"))
+    registry.push_checkpoint(other, ref, registry.checkpoint_annotations("server"))  # the tag moves
+    with pytest.raises(PodmigrateError, match="is no longer the image migration c7 pushed"):
+        c.post("/v1/images", push)
+    with pytest.raises(PodmigrateError, match="a restore names the namespace of its migration"):
+        c.post(
+            "/v1/restores",
+            {"checkpoint_id": "c7", "images": {"server": {"reference": ref, "digest": first["manifest_digest"]}}},
+        )

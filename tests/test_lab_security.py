@@ -122,9 +122,14 @@ def test_an_agent_port_gives_nothing_to_a_peer_without_a_lab_certificate_even_wi
         f"GET /v1/info HTTP/1.1\r\nHost: {host}\r\nAuthorization: Bearer {lab.token()}\r\nConnection: close\r\n\r\n"
     )
     stranger = _tls(lab, "node-b", host, layout.AGENT_PORT, "", request)
-    peer = _tls(lab, "node-b", host, layout.AGENT_PORT, "node-b", request)
-    assert peer["open"] and peer["answer"].split(" ", 2)[1] == "200", peer
     assert not stranger["open"] and not stranger.get("answer"), stranger
+    # another node's certificate opens the port, but only for handing over a checkpoint: it may not
+    # read the agent, give it a key, or make it send anything anywhere
+    for method, path in (("GET", "/v1/info"), ("POST", "/v1/checkpoints/x1/seal"), ("POST", "/v1/checkpoints/x1/send")):
+        ask = f"{method} {path} HTTP/1.1\r\nHost: {host}\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{{}}"
+        peer = _tls(lab, "node-b", host, layout.AGENT_PORT, "node-b", ask)
+        assert peer["open"] and peer["answer"].split(" ", 2)[1] == "403", peer
+        assert "is not open to peers ('node-b')" in peer["answer"], peer
     # over plain TCP the agent does not speak at all
     plain = lab.run("node-b", ["curl", "-s", "-m", "5", f"http://{host}:{layout.AGENT_PORT}/v1/info"], check=False)
     assert plain.returncode != 0 and "node-a" not in plain.stdout
@@ -198,10 +203,23 @@ def test_a_pushed_checkpoint_rests_as_ciphertext_and_is_refused_in_another_migra
     assert manage.state(lab, st["name"])["sha256"] == st["sha256"]
 
 
-def test_every_migration_seals_and_keeps_its_key_out_of_the_record(lab: Any, workload: Any) -> None:
+def test_every_migration_seals_and_keeps_its_key_out_of_the_record(
+    lab: Any, workload: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys: list[str] = []
+    made = seal.new_key
+
+    def recorded() -> str:
+        keys.append(made())
+        return keys[-1]
+
+    monkeypatch.setattr(seal, "new_key", recorded)
     st = workload(node="node-a", heap_mb=32)
     rec = migrate(lab, Plan(workload=st["name"], target="node-b", transport="registry"))
     assert rec["status"] == "completed"
     assert rec["security"] == {"sealed": True, "criu_tls": True, "agents": "mutual TLS"}
-    assert '"seal"' not in json.dumps(rec), "no key in the record"
+    (key,) = keys  # the migration's key: nowhere in its record, the database or the agents' logs
+    assert key not in json.dumps(rec)
+    for where in [lab.dir / "state.db", *(lab.dir / "logs").glob("*.log")]:
+        assert key.encode() not in where.read_bytes(), where
     assert rec["bytes"]["pushed"] == rec["bytes"]["pulled"] == seal.sealed_size(rec["bytes"]["archive"])

@@ -109,13 +109,17 @@ class _Challenger(BaseHTTPRequestHandler):
     challenge = ""
     seen: list[str] = []
 
-    def do_GET(self) -> None:
+    def _challenge(self) -> None:
         if self.headers.get("Authorization"):
             type(self).seen.append(self.headers["Authorization"])
         self.send_response(401)
         self.send_header("WWW-Authenticate", type(self).challenge)
         self.send_header("Content-Length", "0")
+        self.send_header("Connection", "close")
         self.end_headers()
+        self.close_connection = True
+
+    do_GET = do_HEAD = do_POST = do_PUT = do_PATCH = do_DELETE = _challenge
 
     def log_message(self, format: str, *args: object) -> None:
         pass
@@ -144,6 +148,8 @@ def challenger() -> Iterator[tuple[str, type[_Challenger]]]:
             'Bearer realm="https://auth.example.net/token",service="r"',
             "only an https:// realm on the registry's own host",
         ),
+        # the realm is fine, but the token would go back to the registry in clear
+        ('Bearer realm="https://{host}/token",service="r"', "asks for a Bearer token over plain HTTP"),
     ],
 )
 def test_credentials_never_go_in_clear_nor_to_a_realm_elsewhere(
@@ -170,6 +176,9 @@ def test_a_sealed_image_rests_as_ciphertext_and_opens_only_for_its_own_migration
     blobs = list((tmp / "data").rglob("data"))
     layer = next(b for b in blobs if pushed["layer_digest"].split(":")[1] in str(b.parent))
     assert plain[:4096] not in layer.read_bytes() and layer.read_bytes().count(b"checkpoint/pages-1.img") == 0
+    # nothing at rest names the plaintext's digest (it would confirm a guess of the memory)
+    plain_digest = hashlib.sha256(a.read_bytes()).hexdigest().encode()
+    assert not [b for b in blobs if plain_digest in b.read_bytes()]
     for sealed, why in (
         (None, "sealed for a migration, and this pull has no key"),
         (stream.Seal(seal.new_key(), "m1"), "not sealed for this migration"),  # replayed into another migration
@@ -184,3 +193,58 @@ def test_a_sealed_image_rests_as_ciphertext_and_opens_only_for_its_own_migration
     registry.push_checkpoint(a, unsealed, registry.checkpoint_annotations("web"))
     with pytest.raises(TransportError, match="is not sealed, but its migration seals checkpoints"):
         registry.pull_checkpoint(unsealed, tmp_path / "swap.tar", stream.Seal(key, "m1"))
+
+
+class _TokenRedirect(BaseHTTPRequestHandler):
+    """A TLS registry whose token service answers with a redirect to another server."""
+
+    elsewhere = ""
+    seen: list[tuple[str, str]] = []
+
+    def do_GET(self) -> None:
+        type(self).seen.append((self.path.split("?")[0], self.headers.get("Authorization") or ""))
+        if self.path.startswith("/v2/"):
+            host = self.headers["Host"]
+            self.send_response(401)
+            self.send_header("WWW-Authenticate", f'Bearer realm="https://{host}/token",service="r"')
+        else:
+            self.send_response(302)
+            self.send_header("Location", f"http://{type(self).elsewhere}/steal")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_token_service_that_redirects_gets_no_credentials_beyond_its_own_host(
+    challenger: tuple[str, type[_Challenger]], tmp_path: Path
+) -> None:
+    import ssl
+
+    elsewhere, thief = challenger  # a plain server that records whatever reaches it
+    cert, key = self_signed_cert(tmp_path)
+    handler: type[_TokenRedirect] = type("T", (_TokenRedirect,), {"seen": [], "elsewhere": elsewhere})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(str(cert), str(key))
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    host = f"127.0.0.1:{server.server_address[1]}"
+    names = ("PODMIGRATE_REGISTRY_TLS", "PODMIGRATE_REGISTRY_CA")
+    old = {k: os.environ.get(k) for k in names}
+    os.environ.update(
+        PODMIGRATE_REGISTRY_TLS=host,
+        PODMIGRATE_REGISTRY_CA=str(cert),
+        REGISTRY_AUTH_FILE=str(auth_file(tmp_path, host, "s3cret")),
+    )
+    try:
+        with pytest.raises(TransportError, match=r"its token service https://127\.0\.0\.1:\d+/token answered 302"):
+            registry.push_checkpoint(archive(tmp_path), f"{host}/checkpoints/web:4", {})
+    finally:
+        server.shutdown()
+        server.server_close()
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.update({k: v})
+    assert [p for p, _ in handler.seen] == ["/v2/", "/token"]  # the realm asked once, on its own host
+    assert thief.seen == [], "the redirect was not followed"

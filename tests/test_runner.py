@@ -163,6 +163,20 @@ def test_a_controller_that_dies_during_the_rollback_leaves_it_for_the_next_to_fi
     assert_nothing_left(lab)
 
 
+def test_a_cold_rollback_cut_short_after_the_old_container_went_is_finished_by_the_next(lab):
+    before = started(lab)
+    lab.world.fail("node-b", "POST", r"^/v1/containers$", message="start broke")
+    lab.world.fail("node-a", "POST", r"^/v1/containers/web-pm-restarted/rename$", kind="die")
+    with pytest.raises(ControllerDied):
+        migrate(lab, Plan(workload="web", target="node-b", mode="cold"))
+    assert lab.world.where("web") == []  # the old one removed, the fresh one not yet named
+    (rec,) = recover(lab, store_for(lab))
+    assert rec["status"] == "rolled_back", rec.get("rollbacks")
+    assert rec["rollbacks"][-1]["did"].startswith("finished restarting web on node-a"), rec["rollbacks"]
+    assert_serves_on(lab, "node-a", before, same_process=False)
+    assert_nothing_left(lab)
+
+
 def test_an_undo_that_only_deletes_a_copy_and_fails_leaves_a_leftover_not_a_failure(lab):
     before = started(lab)
     lab.world.fail("node-b", "POST", r"/restore$", message="restore broke")

@@ -7,6 +7,7 @@ error replies (``agent.http``). The same attacks inside a lab are in ``tests/tes
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import http.client
 import io
@@ -54,6 +55,10 @@ def _app(peers: frozenset[str] | None = None) -> App:
     def echo(p: dict[str, str], b: dict[str, Any]) -> Any:
         return b
 
+    @a.route("GET", "/v1/handover", peer=True)
+    def handover(p: dict[str, str], b: dict[str, Any]) -> Any:
+        return {"handed": True}
+
     return a
 
 
@@ -64,10 +69,12 @@ def served(ca: CA) -> Iterator[int]:
         yield port
 
 
-def _get(port: int, ctx: ssl.SSLContext, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+def _get(
+    port: int, ctx: ssl.SSLContext, headers: dict[str, str] | None = None, path: str = "/v1/handover"
+) -> tuple[int, Any]:
     conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=10, context=ctx)
     try:
-        conn.request("GET", "/v1/whoami", headers=headers or {})
+        conn.request("GET", path, headers=headers or {})
         resp = conn.getresponse()
         return resp.status, json.loads(resp.read())
     finally:
@@ -75,7 +82,49 @@ def _get(port: int, ctx: ssl.SSLContext, headers: dict[str, str] | None = None) 
 
 
 def test_a_peer_with_a_certificate_of_the_labs_ca_is_served_without_any_token(ca: CA, served: int) -> None:
-    assert _get(served, _files(ca, "node-b").client()) == (200, {"ok": True})
+    assert _get(served, _files(ca, "node-b").client()) == (200, {"handed": True})
+
+
+def test_a_peer_may_call_only_the_routes_open_to_peers_even_with_the_token(ca: CA, served: int) -> None:
+    status, data = _get(served, _files(ca, "node-b").client(), {"Authorization": f"Bearer {TOKEN}"}, "/v1/whoami")
+    assert status == 403
+    assert data["error"]["message"] == "agent node-a: GET /v1/whoami is not open to peers ('node-b')"
+
+
+def test_a_certificate_without_a_name_is_refused_and_its_token_is_not_consulted(ca: CA, served: int) -> None:
+    # a leaf of the lab's CA with no common name: verified, but names nobody
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    ca_key = serialization.load_pem_private_key(ca.key_path.read_bytes(), None)
+    ca_cert = x509.load_pem_x509_certificate(ca.cert_path.read_bytes())
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=1))
+        .not_valid_after(now + datetime.timedelta(hours=1))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName("nobody")]), critical=True)
+        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()), critical=False)  # type: ignore[arg-type]
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    dest = ca.cert_path.parent
+    (dest / "nobody.crt").write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    (dest / "nobody.key").write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    files = tls.Files(str(dest / "nobody.crt"), str(dest / "nobody.key"), str(ca.cert_path))
+    handler = make_handler(_app())  # any certificate of the CA would do, had it a name
+    with serving(tls.TLSHTTPServer(("127.0.0.1", 0), handler, _files(ca, "node-a").server())) as port:
+        status, data = _get(port, files.client(), {"Authorization": f"Bearer {TOKEN}"})
+    assert status == 401
+    assert data["error"]["message"] == "agent node-a: certificate '' is not one of its peers"
 
 
 def test_a_peer_without_a_certificate_gets_no_connection_even_with_the_token(ca: CA, served: int) -> None:

@@ -23,7 +23,7 @@ _IMAGE_ID = re.compile(r"^(?:sha256:)?[0-9a-f]{12,64}$")
 
 
 def is_name(value: object) -> bool:
-    return isinstance(value, str) and bool(_NAME.match(value))
+    return isinstance(value, str) and bool(_NAME.fullmatch(value))
 
 
 def name(value: object, what: str = "container name") -> str:
@@ -38,7 +38,7 @@ def name(value: object, what: str = "container name") -> str:
 
 def image(value: object) -> str:
     """An image reference or image ID, never anything a command line would read as an option."""
-    if not isinstance(value, str) or not (_REFERENCE.match(value) or _IMAGE_ID.match(value)):
+    if not isinstance(value, str) or not (_REFERENCE.fullmatch(value) or _IMAGE_ID.fullmatch(value)):
         raise UsageError(f"not a valid image reference: {value!r}", hint="for example localhost/stream-server:latest")
     return value
 
@@ -49,3 +49,13 @@ def ipv4(value: object) -> str:
         return str(ipaddress.IPv4Address(str(value)))
     except ValueError:
         raise UsageError(f"not an IPv4 address: {value!r}") from None
+
+
+def port(value: object) -> int:
+    """A TCP port number, 1-65535 (an int or its decimal string, nothing else)."""
+    if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdecimal():
+        raise UsageError(f"not a port number: {value!r}")
+    n = int(value)
+    if not 1 <= n <= 65535:
+        raise UsageError(f"port {n} is outside 1-65535")
+    return n

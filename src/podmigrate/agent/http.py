@@ -29,7 +29,7 @@ Handler = Callable[[dict[str, str], dict[str, Any]], Any]
 STATUS = {"UsageError": 400, "AgentError": 502, "LabError": 503}
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 MAX_JSON = 1 << 20  # requests are small documents; anything bigger is a mistake or an attack
-MAX_UPLOAD = 1 << 40  # a checkpoint stream; the route checks the disk before it writes
+MAX_UPLOAD = 1 << 40  # a checkpoint stream: bounded by its Content-Length, which must be given
 
 
 class TooLarge(UsageError):
@@ -39,23 +39,29 @@ class TooLarge(UsageError):
 class App:
     """A route table: (method, regex) -> handler(params, body)."""
 
-    def __init__(self, name: str, role: str, token: str, peers: frozenset[str] | None = None):
-        """``token``: what a request without a certificate must carry ("" refuses them all);
-        ``peers``: the certificate names let in (None: any the CA signed)."""
+    def __init__(
+        self, name: str, role: str, token: str, peers: frozenset[str] | None = None, peers_call_all: bool = False
+    ):
+        """``token``: what a request on the Unix socket must carry ("" refuses them all);
+        ``peers``: the certificate names let in over TLS (None: any the CA signed);
+        ``peers_call_all``: whether they may call every route (the Kubernetes agent, whose peer is
+        the operator) or only those registered with ``peer=True`` (a lab node's: what another node
+        needs to hand it a checkpoint, nothing that runs, stops or sends anything)."""
         self.name, self.role, self.token, self.peers = name, role, token, peers
-        self.routes: list[tuple[str, re.Pattern[str], Handler]] = []
+        self.peers_call_all = peers_call_all
+        self.routes: list[tuple[str, re.Pattern[str], Handler, bool]] = []
         self.started = time.time()
 
-    def route(self, method: str, pattern: str) -> Callable[[Handler], Handler]:
+    def route(self, method: str, pattern: str, peer: bool = False) -> Callable[[Handler], Handler]:
         def deco(fn: Handler) -> Handler:
-            self.routes.append((method, re.compile(f"^{pattern}$"), fn))
+            self.routes.append((method, re.compile(pattern), fn, peer))
             return fn
 
         return deco
 
     def authenticated(self, auth: str | None, peer: str | None) -> bool:
-        if peer is not None:
-            return self.peers is None or peer in self.peers
+        if peer is not None:  # a TLS connection: its certificate is the identity, tokens do not count
+            return bool(peer) and (self.peers is None or peer in self.peers)
         return bool(self.token) and hmac.compare_digest((auth or "").encode(), f"Bearer {self.token}".encode())
 
     def dispatch(
@@ -64,15 +70,21 @@ class App:
         """Route one request; ``load`` reads the body (JSON, or a raw stream for uploads) only
         after the caller was authenticated (``peer``: its verified certificate's name)."""
         if not self.authenticated(auth, peer):
-            if peer:
+            if peer is not None:
                 err = AgentError(f"agent {self.name}: certificate {peer!r} is not one of its peers")
             else:
                 err = AgentError(f"agent {self.name}: missing or wrong token", hint="use the lab's token file")
             return 401, {"error": err.to_wire()}
         path = path.split("?", 1)[0]
-        for m, rx, fn in self.routes:
-            match = rx.match(path)
+        for m, rx, fn, peer_ok in self.routes:
+            match = rx.fullmatch(path)
             if match and m == method:
+                if peer is not None and not (peer_ok or self.peers_call_all):
+                    err = AgentError(
+                        f"agent {self.name}: {method} {path} is not open to peers ({peer!r})",
+                        hint="other nodes may only hand over checkpoints; the controller calls the rest",
+                    )
+                    return 403, {"error": err.to_wire()}
                 try:
                     params = match.groupdict()
                     for key, value in params.items():  # names, ids and addresses: one rule for all
@@ -162,6 +174,6 @@ class UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer)
 
 def safe_id(value: str) -> str:
     """A checkpoint id or member name, checked before it becomes part of a file name."""
-    if not _SAFE_ID.match(value):
+    if not _SAFE_ID.fullmatch(value):
         raise UsageError(f"not a valid checkpoint id: {value!r}")
     return value

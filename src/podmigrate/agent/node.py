@@ -83,8 +83,6 @@ class NodeAgent:
             ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/restore", self.restore_archive),
             ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/push", self.push),
             ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/pull", self.pull),
-            ("PUT", "/v1/checkpoints/(?P<cid>[^/]+)", self.upload),
-            ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/commit", self.commit),
             ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/seal", self.expect_seal),
             ("POST", "/v1/checkpoints/(?P<cid>[^/]+)/send", self.send),
             ("POST", "/v1/containers/(?P<name>[^/]+)/resume", self.resume),
@@ -93,11 +91,15 @@ class NodeAgent:
             ("POST", "/v1/containers/(?P<name>[^/]+)/stop", self.stop),
             ("POST", "/v1/containers/(?P<name>[^/]+)/start", self.start),
             ("POST", "/v1/containers/(?P<name>[^/]+)/retire", self.retire),
+            ("POST", "/v1/containers/(?P<name>[^/]+)/rename", self.rename),
             ("DELETE", "/v1/checkpoints/(?P<cid>[^/]+)", self.delete),
             ("GET", "/v1/checkpoints", self.listing),
             ("POST", "/v1/registry/delete", self.registry_delete),
         ):
             self.app.route(method, pattern)(fn)
+        # what another node's agent sends here: a checkpoint stream and its commit, nothing else
+        self.app.route("PUT", "/v1/checkpoints/(?P<cid>[^/]+)", peer=True)(self.upload)
+        self.app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/commit", peer=True)(self.commit)
         self.lazy.register(self.app)
         self.memory.register(self.app)
 
@@ -207,6 +209,10 @@ class NodeAgent:
         self.rt.start(p["name"])
         return {"started": p["name"]}
 
+    def rename(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        self.rt.rename(p["name"], names.name(b.get("to"), "new container name"))
+        return {"renamed": p["name"], "to": b["to"]}
+
     def retire(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         """Remove a container that a newer copy elsewhere replaced, cut off from the network first,
         so that removing it sends no FIN or RST to clients whose connections moved on."""
@@ -218,7 +224,9 @@ class NodeAgent:
         criu: tuple[str, ...] = ()
         if b.get("page_server"):
             ps = b["page_server"]
-            criu = ("page-server", f"address={ps['address']}", f"port={ps['port']}", *self.criu_tls(server=False))
+            # both go into CRIU's configuration file: parsed, so that no value can add an option
+            address, port = names.ipv4(ps.get("address")), names.port(ps.get("port"))
+            criu = ("page-server", f"address={address}", f"port={port}", *self.criu_tls(server=False))
             if b.get("leave_stopped"):
                 criu += ("leave-stopped",)
         with self.files.busy(b["checkpoint_id"]):

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podmigrate import layout
+from podmigrate import layout, names
 from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App
 from podmigrate.agent.memory import Reservations
@@ -117,8 +117,8 @@ class LazyPages:
                 self.files.archive(cid),
                 self.files.pages(cid),
                 self.files.work(cid),
-                b["address"],
-                int(b["port"]),
+                names.ipv4(b.get("address")),
+                names.port(b.get("port")),
                 tcp_established=b.get("tcp_established", True),
                 wake_faults=b.get("wake_faults", True),
                 tls=self.criu_tls(server=False),

@@ -60,7 +60,8 @@ class Files:
 
 
 def peer_name(sock: object) -> str | None:
-    """The common name of a verified TLS peer; None on a plain socket."""
+    """The common name of a verified TLS peer; "" for a TLS peer without one (refused, never
+    asked for a token instead); None on a plain socket."""
     if not isinstance(sock, ssl.SSLSocket):
         return None
     cert = sock.getpeercert()
@@ -68,7 +69,7 @@ def peer_name(sock: object) -> str | None:
         for attr in rdn:
             if attr[0] == "commonName":
                 return str(attr[1])
-    return None
+    return ""
 
 
 class TLSHTTPServer(ThreadingHTTPServer):

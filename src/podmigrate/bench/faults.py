@@ -6,8 +6,10 @@ killed) that stops at the cell's point (just after that phase succeeded) until t
 a SIGKILLed agent (source or target; the lab restarts it after 3 s, as after a crash), a SIGKILLed
 controller (the next command, ``recover``, takes over), SIGTERM to the controller, the target's LAN
 link cut (back after 3 s), the target's checkpoint disk filled up (freed after 3 s), the registry
-SIGKILLed (back after 3 s), the checkpoint's data tampered with (a flipped byte in the registry's
-layer blob, or an archive on the target replaced). Then, with every fault gone: on how many nodes the
+SIGKILLed (back after 3 s), the checkpoint's data tampered with at rest (a flipped byte in the
+registry's layer blob, or, after the stream was received and committed, the archive on the target
+replaced: what a restore must refuse; tampering with the stream itself is refused while it is
+received, tried in ``tests/test_security.py``). Then, with every fault gone: on how many nodes the
 workload runs, whether its heap SHA-256 and process start time are the ones it had (cold: a fresh
 process, as it should), whether the LAN routes its address to where it runs, and what ``gc --dry-run``
 finds left behind. Results: ``faults.jsonl`` (one row per cell) and ``faults.json``.

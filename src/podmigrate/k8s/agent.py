@@ -54,6 +54,7 @@ from podmigrate.k8s.restores import Restores
 from podmigrate.transport import registry
 from podmigrate.transport.stream import Seal
 
+CHECKPOINT_ID = "io.podmigrate.checkpoint-id"  # on each image: which migration pushed it
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _K8S_NAME = re.compile(r"^(?=.{1,253}$)[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")  # namespaces, pods, containers
 SA_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
@@ -70,7 +71,8 @@ def build_app(
 ) -> App:
     """``policy``: registries and namespaces served (None: any, for tests that bring their own);
     ``peers``: the client certificate names let in (None: any the client CA signed)."""
-    app = App(name, "k8s-node", token, frozenset(peers) if peers is not None else None)
+    # its one peer is the operator, which drives every step
+    app = App(name, "k8s-node", token, frozenset(peers) if peers is not None else None, peers_call_all=True)
     lock = threading.Lock()  # one kubelet checkpoint at a time: CRIU freezes are best not overlapped
 
     def allowed(namespace: Any = None, references: Iterable[Any] = ()) -> None:
@@ -102,7 +104,7 @@ def build_app(
         }
 
     def ours(cid: str, container: str) -> Path:
-        if not _SAFE.match(cid) or not _SAFE.match(container):
+        if not _SAFE.fullmatch(cid) or not _SAFE.fullmatch(container):
             raise UsageError(f"not a valid checkpoint id or container name: {cid!r} {container!r}")
         return checkpoint_dir / f"podmigrate-{cid}-{container}.tar"
 
@@ -111,7 +113,7 @@ def build_app(
         ns, pod, containers, cid = b["namespace"], b["pod"], list(b["containers"]), b["checkpoint_id"]
         allowed(ns)
         for part in (ns, pod, *containers):  # they become a kubelet URL path
-            if not _K8S_NAME.match(str(part)):
+            if not _K8S_NAME.fullmatch(str(part)):
                 raise UsageError(f"not a valid namespace, pod or container name: {part!r}")
         out: dict[str, Any] = {}
         t0 = time.time()
@@ -139,8 +141,11 @@ def build_app(
     def images(p: dict[str, str], b: dict[str, Any]) -> Any:
         out: dict[str, Any] = {}
         t0 = time.time()
-        allowed(b.get("namespace"), [b["references"][c] for c in b["archives"]])
         cid = b.get("checkpoint_id")
+        if policy is not None and not (b.get("namespace") and cid):
+            # what ties a push to one migration of one served namespace: without them it could be anything
+            raise UsageError(f"agent {name}: a push names its namespace and checkpoint_id")
+        allowed(b.get("namespace"), [b["references"][c] for c in b["archives"]])
         for c, path in b["archives"].items():
             # the operator names the migration: then only its own archives, under its own tag
             archive = inside(path) if cid is None else inside(str(ours(str(cid), c)))
@@ -150,11 +155,14 @@ def build_app(
             if not archive.exists():  # a repeated request: the first one pushed it and deleted the archive
                 host, repo, tag = registry.split_reference(ref)
                 manifest, digest = registry.Registry(host, repo=repo).get_manifest(repo, tag)
+                if (manifest.get("annotations") or {}).get(CHECKPOINT_ID) != str(cid):
+                    raise UsageError(f"{ref} is no longer the image migration {cid} pushed; refusing to use it")
                 layer = manifest["layers"][0]
                 out[c] = {"reference": ref, "manifest_digest": digest, "layer_digest": layer["digest"],
                           "bytes": layer["size"], "repeated": True}  # fmt: skip
                 continue
-            ann = registry.checkpoint_annotations(c, {"io.podmigrate.source": f"{b.get('namespace')}/{b.get('pod')}"})
+            extra = {"io.podmigrate.source": f"{b.get('namespace')}/{b.get('pod')}", CHECKPOINT_ID: str(cid)}
+            ann = registry.checkpoint_annotations(c, extra)
             sealed = Seal(str(b["seal"]), f"{cid}.{c}") if b.get("seal") and cid else None
             out[c] = registry.push_checkpoint(archive, ref, ann, b.get("compression", "none"), sealed)
             # the kubelet never deletes its archives; once the image is in the registry the copy is waste

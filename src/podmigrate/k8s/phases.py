@@ -123,13 +123,19 @@ def seal(ctx: Ctx) -> dict[str, Any]:
     """The request field that seals (push) or opens (restore) this migration's images. Only on the
     RuntimeClass path, where the target's agent reads the image; containerd's CRI restore reads it
     itself and cannot open a sealed layer."""
-    key = ctx.config.seal_key(ctx.rec["id"]) if ctx.rec.get("restore_path") == "runtimeclass" else None
-    return {"seal": key} if key else {}
+    if not ctx.rec.get("sealed"):
+        return {}
+    key = ctx.config.seal_key(ctx.rec["id"])
+    if key is None:
+        raise PodmigrateError(
+            f"migration {ctx.rec['id']} sealed its images, and this operator has no seal key to open them",
+            hint="give the operator the Secret podmigrate-seal-key it ran with (PODMIGRATE_SEAL_KEY)",
+        )
+    return {"seal": key}
 
 
 def package(ctx: Ctx) -> None:
     sealed = seal(ctx)
-    ctx.rec["sealed"] = bool(sealed)
     out = ctx.agents.call(
         ctx.rec["source"],
         "/v1/images",

@@ -37,13 +37,13 @@ def split(name: str) -> tuple[str, list[str]]:
     host, _, path = name.partition("/")
     if "@" in path:
         path, _, digest = path.partition("@")
-        if not _DIGEST.match(digest):
+        if not _DIGEST.fullmatch(digest):
             raise Refused(f"{name!r}: {digest!r} is not a sha256 digest")
     head, _, last = path.rpartition("/")
     if ":" in last:  # a tag (a port can only be in the host part)
         path = f"{head}/{last.partition(':')[0]}" if head else last.partition(":")[0]
     parts = path.split("/") if path else []
-    if not _HOST.match(host) or not all(_COMPONENT.match(p) for p in parts):
+    if not _HOST.fullmatch(host) or not all(_COMPONENT.fullmatch(p) for p in parts):
         raise Refused(f"{name!r} is not a registry host with a repository path")
     return host.lower(), parts
 
@@ -51,7 +51,7 @@ def split(name: str) -> tuple[str, list[str]]:
 def by_digest(reference: str, digest: str) -> str:
     """``host/repo:tag`` + ``sha256:...`` -> ``host/repo@sha256:...``: what the source pushed, which
     nobody can move (a tag can be replaced in the registry after the push)."""
-    if not _DIGEST.match(digest):
+    if not _DIGEST.fullmatch(digest):
         raise Refused(f"{digest!r} is not a sha256 digest; refusing to restore by tag")
     host, parts = split(reference)
     return f"{reference.partition('/')[0]}/{'/'.join(parts)}@{digest}" if parts else f"{host}@{digest}"

@@ -43,7 +43,7 @@ class Restores:
 
     def _dir(self, cid: str, container: str = "") -> tuple[Path, Path]:
         for part in (cid, container) if container else (cid,):
-            if not _SAFE.match(part) or part in (".", ".."):
+            if not _SAFE.fullmatch(part) or part in (".", ".."):
                 raise UsageError(f"not a valid checkpoint id or container name: {part!r}")
         rel = Path(cid) / container if container else Path(cid)
         return self.local / rel, self.node / rel
@@ -85,9 +85,10 @@ class Restores:
         @app.route("POST", "/v1/restores")
         def fetch(p: dict[str, str], b: dict[str, Any]) -> Any:
             if policy is not None:
+                if not b.get("namespace"):
+                    raise UsageError(f"agent {app.name}: a restore names the namespace of its migration")
                 try:
-                    if b.get("namespace"):
-                        policy.check_namespace(str(b["namespace"]))
+                    policy.check_namespace(str(b["namespace"]))
                     for i in b["images"].values():
                         policy.check_registry(str(i["reference"]), "restore from")
                 except Refused as e:

@@ -57,6 +57,15 @@ def validate(ctx: Ctx) -> None:
     rec["containers"] = wanted
     if spec["mode"] != "cold":
         rec["restore_path"] = _restore_path(ctx, rec["target"])
+        # decided once, here: a restore opens what the push sealed, whatever the config says by then
+        rec["sealed"] = rec["restore_path"] == "runtimeclass" and bool(ctx.config.seal_master)
+        if rec["restore_path"] == "runtimeclass" and not rec["sealed"]:
+            ctx.event(
+                "Warning",
+                "Unsealed",
+                "the operator has no seal key (Secret podmigrate-seal-key, PODMIGRATE_SEAL_KEY): this pod's "
+                "checkpoint images, its memory, rest in the registry unencrypted",
+            )
     rec["source_pod"] = _clean_copy(pod, ctx.ns)
     rec.setdefault("id", f"{time.strftime('%Y%m%d%H%M%S')}-{secrets.token_hex(3)}")
     rec["restored"] = f"{short_name(spec['podName'])}-m{rec['id'][-6:]}"
@@ -191,6 +200,9 @@ def _services(ctx: Ctx, pod: dict[str, Any]) -> dict[str, dict[str, str]]:
     }
 
 
+_NOT_COPIED = frozenset({LOCK, "kubectl.kubernetes.io/last-applied-configuration"})
+
+
 def _clean_copy(pod: dict[str, Any], ns: str) -> dict[str, Any]:
     meta = pod["metadata"]
     return {
@@ -198,7 +210,8 @@ def _clean_copy(pod: dict[str, Any], ns: str) -> dict[str, Any]:
             "name": meta["name"],
             "namespace": ns,
             "labels": meta.get("labels") or {},
-            "annotations": {a: v for a, v in (meta.get("annotations") or {}).items() if a != LOCK},
+            # kubectl's last-applied copy repeats the whole manifest, env values and all, into .status
+            "annotations": {a: v for a, v in (meta.get("annotations") or {}).items() if a not in _NOT_COPIED},
         },
         "spec": pod["spec"],
     }

@@ -247,7 +247,7 @@ def _handler(kubelet: Kubelet) -> type[BaseHTTPRequestHandler]:
             auth = self.headers.get("Authorization") or ""
             if not hmac.compare_digest(auth.encode(), f"Bearer {kubelet.config.token}".encode()):
                 return self._send(401, {"kind": "Status", "message": "Unauthorized"})
-            m = _PATH.match(self.path)
+            m = _PATH.fullmatch(self.path)
             if not m:
                 return self._send(404, {"kind": "Status", "message": "404 page not found"})
             try:

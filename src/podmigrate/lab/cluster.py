@@ -31,7 +31,7 @@ __all__ = ["Lab", "Report", "cgroup2_root", "home"]
 
 class Lab:
     def __init__(self, name: str = "default"):
-        if not NAME.match(name):
+        if not NAME.fullmatch(name):
             raise UsageError(f"not a valid lab name: {name!r}", hint="use 1-20 of a-z, 0-9 and '-'")
         self.name = name
         self.base = home()

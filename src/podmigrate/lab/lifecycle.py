@@ -214,7 +214,7 @@ def down(lab: Lab, report: Report = lambda _m: None) -> None:
     orig = lab.base / "pipe-max-size.orig"
     labs = lab.base / "labs"
     if orig.exists() and not any(
-        host.holder_pid(d) is not None for d in labs.iterdir() if d.name != lab.name and host.NAME.match(d.name)
+        host.holder_pid(d) is not None for d in labs.iterdir() if d.name != lab.name and host.NAME.fullmatch(d.name)
     ):
         Path("/proc/sys/fs/pipe-max-size").write_text(orig.read_text())
         orig.unlink()

@@ -75,6 +75,7 @@ class Runtime(Protocol):
     def rss(self, name: str) -> int: ...  # resident bytes of its processes (what a restore writes)
     def stop(self, name: str, timeout: float = 2) -> None: ...  # stop, killing after ``timeout`` s
     def start(self, name: str) -> None: ...  # start a stopped container again
+    def rename(self, name: str, new: str) -> None: ...  # running or not
     def remove(self, name: str) -> None: ...  # container or pod, force
     def retire(self, name: str, ips: list[str]) -> dict[str, Any]: ...  # isolate, then remove
 

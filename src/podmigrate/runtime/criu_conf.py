@@ -15,6 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from podmigrate.errors import UsageError
+
 CRIU_CONF = Path("/etc/criu/runc.conf")
 # podman only names CRIU's log in its error message; the log holds the cause
 CRIU_LOG = re.compile(r"(/\S+/userdata/(?:dump|restore)\.log)")
@@ -31,6 +33,9 @@ _lock = threading.RLock()
 @contextmanager
 def criu_options(*lines: str) -> Iterator[None]:
     """Run the block as the node's only CRIU user, with ``lines`` added to its configuration."""
+    for line in lines:  # one option per line: a line break would smuggle in another
+        if "\n" in line or "\r" in line:
+            raise UsageError(f"a CRIU option must be one line: {line!r}")
     if not lines:
         with _lock:
             yield

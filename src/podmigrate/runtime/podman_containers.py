@@ -133,6 +133,9 @@ class PodmanContainers(PodmanCLI):
     def start(self, name: str) -> None:
         self._run("start", "--", name, what=f"starting {name}")
 
+    def rename(self, name: str, new: str) -> None:
+        self._run("rename", "--", name, names.name(new), what=f"renaming {name} to {new}")
+
     def retire(self, name: str, ips: list[str]) -> dict[str, Any]:
         """Cut ``name`` off the network (an nft drop in this node's forward path), then remove it.
 

@@ -16,12 +16,11 @@ import ssl
 import subprocess
 import threading
 import urllib.parse
-import urllib.request
 import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 from podmigrate.errors import TransportError
 from podmigrate.transport import seal
@@ -190,19 +189,39 @@ class Registry:
                     "on the registry's own host is followed, so that no credentials go elsewhere",
                     hint="configure the registry's token realm as https://<registry host>/...",
                 )
+            if not self.tls:  # the token would then travel to the registry in clear, as good as a password
+                raise TransportError(
+                    f"registry {self.host} asks for a Bearer token over plain HTTP; refused",
+                    hint=f"serve it over TLS and set PODMIGRATE_REGISTRY_TLS={self.host} (and PODMIGRATE_REGISTRY_CA)",
+                )
             query = {"service": params.get("service", "")}
             if self.repo:
                 query["scope"] = f"repository:{self.repo}:pull,push,delete"
-            req = urllib.request.Request(f"{params['realm']}?{urllib.parse.urlencode(query)}")
-            if creds:
-                req.add_header("Authorization", f"Basic {creds}")
-            try:
-                with urllib.request.urlopen(req, timeout=self.timeout) as r:
-                    tok = json.loads(r.read())
-            except (OSError, ValueError) as e:
-                raise TransportError(f"registry {self.host}: getting a token from {params['realm']} failed: {e}") from e
-            self._auth = {"Authorization": f"Bearer {tok.get('token') or tok.get('access_token')}"}
+            self._auth = {"Authorization": f"Bearer {self._token(realm, query, creds)}"}
         return self._auth
+
+    def _token(self, realm: SplitResult, query: dict[str, str], creds: str | None) -> str:
+        """A token from ``realm`` (checked https:// on the registry's host). One request and no
+        redirects: a redirect would carry the Basic credentials to wherever it points."""
+        ctx = ssl.create_default_context(cafile=os.environ.get("PODMIGRATE_REGISTRY_CA") or None)
+        conn = http.client.HTTPSConnection(realm.netloc, timeout=self.timeout, context=ctx)
+        headers = {"Authorization": f"Basic {creds}"} if creds else {}
+        where = f"https://{realm.netloc}{realm.path}"
+        try:
+            conn.request("GET", f"{realm.path or '/'}?{urllib.parse.urlencode(query)}", headers=headers)
+            resp = conn.getresponse()
+            body = resp.read(1 << 20)
+            if resp.status != 200:
+                raise TransportError(f"registry {self.host}: its token service {where} answered {resp.status}")
+            tok = json.loads(body)
+        except (OSError, ValueError) as e:
+            raise TransportError(f"registry {self.host}: getting a token from {where} failed: {e}") from e
+        finally:
+            conn.close()
+        token = tok.get("token") or tok.get("access_token") if isinstance(tok, dict) else None
+        if not isinstance(token, str) or not token:
+            raise TransportError(f"registry {self.host}: its token service {where} gave no token")
+        return token
 
     def _send(
         self, method: str, path: str, body: Any, headers: dict[str, str], chunked: bool

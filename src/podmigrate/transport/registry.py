@@ -96,7 +96,7 @@ def repository_component(name: str) -> str:
     """``name`` as one component of a repository path. Container names may end in '-', hold '..' or
     capitals, which no registry accepts; those become a cleaned name plus a hash of the original, so
     two names never share a repository and the push cannot fail after the freeze for a name."""
-    if _COMPONENT.match(name) and len(name) <= 128:
+    if _COMPONENT.fullmatch(name) and len(name) <= 128:
         return name
     clean = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:100] or "workload"
     return f"{clean}-{hashlib.sha256(name.encode()).hexdigest()[:8]}"
@@ -126,7 +126,8 @@ def push_checkpoint(
     config = {
         "architecture": os.uname().machine.replace("x86_64", "amd64").replace("aarch64", "arm64"),
         "os": "linux",
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+        # sealed: the plaintext's digest would let anyone holding a guess of the memory confirm it
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest if sealed else diff_id]},
         "config": {"Labels": annotations},
     }
     cfg_digest, cfg_size = reg.push_blob_bytes(repo, json.dumps(config).encode())

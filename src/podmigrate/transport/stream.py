@@ -20,7 +20,7 @@ import os
 import ssl
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
@@ -43,7 +43,7 @@ class Streamed(Sent):
 class Seal:
     """A migration's key and the checkpoint it belongs to (the receiver's key is found by it)."""
 
-    key: str
+    key: str = field(repr=False)  # a repr ends up in logs and tracebacks
     checkpoint: str
 
     def context(self, upload: str) -> str:

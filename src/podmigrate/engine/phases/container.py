@@ -160,18 +160,28 @@ def stop(ctx: Ctx) -> None:
 def undo_stop(ctx: Ctx) -> str:
     rec = ctx.rec
     src = ctx.agent(rec["source"] or "")
-    c = {x["name"]: x for x in src.get("/v1/containers")}.get(rec["container"])
+    name, fresh = rec["container"], f"{rec['container']}-pm-restarted"
+    present = {x["name"]: x for x in src.get("/v1/containers")}
+    c = present.get(name)
     if c and c["state"] != "running":
         if rec.get("spec", {}).get("ip"):
             # `podman start` would give it the subnet's next free address, not its own (the fault
             # matrix saw .4 come back as .5): the service address is the workload's identity, so the
-            # container is made again from the spec validate saved, with that address pinned
+            # container is made again from the spec validate saved, with that address pinned. In an
+            # order a retry can finish: the new one first (the stopped one holds no address), then
+            # the old one removed (only it knows the environment's values), then the name moved over
             spec = full_spec(ctx)
-            src.delete(f"/v1/containers/{rec['container']}")
-            src.post("/v1/containers", spec)
+            if fresh in present:
+                src.delete(f"/v1/containers/{fresh}")
+            src.post("/v1/containers", {**spec, "name": fresh})
+            src.delete(f"/v1/containers/{name}")
+            src.post(f"/v1/containers/{fresh}/rename", {"to": name})
         else:
-            src.post(f"/v1/containers/{rec['container']}/start")
-        return f"started {rec['container']} again on {rec['source']} (cold: its memory was lost)"
+            src.post(f"/v1/containers/{name}/start")
+        return f"started {name} again on {rec['source']} (cold: its memory was lost)"
+    if c is None and fresh in present:  # an undo cut short after the old container was removed
+        src.post(f"/v1/containers/{fresh}/rename", {"to": name})
+        return f"finished restarting {name} on {rec['source']} (cold: its memory was lost)"
     return "source container untouched"
 
 
