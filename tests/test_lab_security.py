@@ -99,11 +99,17 @@ TLS_CLIENT = textwrap.dedent(
             if sys.argv[4]:
                 s.sendall(sys.argv[4].encode())
             s.settimeout(3)
+            data = b""
             try:
-                data = s.recv(65536)
-                print(json.dumps({"open": bool(data), "answer": data.decode(errors="replace")}))
+                while chunk := s.recv(65536):  # an agent's answer ends with the connection
+                    data += chunk
             except TimeoutError:
-                print(json.dumps({"open": True, "answer": ""}))  # a page server waits for commands
+                if not data:
+                    data = None  # a page server waits for commands
+            if data is None:
+                print(json.dumps({"open": True, "answer": ""}))
+            else:
+                print(json.dumps({"open": bool(data), "answer": data.decode(errors="replace")}))
     except (OSError, ssl.SSLError) as e:
         print(json.dumps({"open": False, "error": f"{type(e).__name__}: {e}"}))
     """
