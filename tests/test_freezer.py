@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -63,8 +64,12 @@ def test_nothing_is_frozen_when_the_file_is_never_opened(tmp_path: Path, sleeper
     with freeze_when_opened(watched, cg) as watcher:
         assert watcher is not None
     assert not frozen(cg) and watcher.times == {}
-    with freeze_when_opened(watched, None) as none:  # a container without a cgroup v2 of its own
-        assert none is None
+    with freeze_when_opened(watched, None) as noted:  # a container without a cgroup v2 of its own
+        assert noted is not None
+        before = time.time()
+        watched.read_text()
+        wait_for(lambda: "opened_at" in noted.times, 5, "the watcher to note the open")
+    assert before <= noted.times["opened_at"] <= time.time() and "frozen_at" not in noted.times
     with freeze_when_opened(tmp_path / "absent.conf", cg) as none:  # no configuration to watch
         assert none is None
     assert not frozen(cg)

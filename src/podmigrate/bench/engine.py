@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from podmigrate import layout
-from podmigrate.bench import memory, suite
+from podmigrate.bench import breakdown, memory, suite
 from podmigrate.engine.blackout import blackout
 from podmigrate.engine.controller import Plan, migrate
 from podmigrate.errors import UsageError
@@ -61,6 +61,8 @@ def _row(label: str, heap: int, rec: Mapping[str, Any], warmup: bool = False) ->
         "pushed_bytes": (rec.get("bytes") or {}).get("pushed"),
         "sha256_equal": (rec.get("checks") or {}).get("sha256_equal"),
         "id": rec.get("id"),
+        "blackout_steps": rec.get("blackout_steps"),
+        "cutover_failed_probes": ((rec.get("blackout") or {}).get("at_cutover") or {}).get("failed"),
     }
 
 
@@ -183,6 +185,7 @@ def run(
         manage.stop(lab, name)
     tab = table(rows)
     cost = security_cost(tab) if len(security) > 1 else []
+    targets = breakdown.ratios(tab, rows)
     summary = {
         "created": time.time(),
         "heaps": heaps,
@@ -191,9 +194,11 @@ def run(
         "rows": rows,
         "table": tab,
         "security_cost": cost,
+        "ratios": targets,
     }
     (out_dir / "bench.json").write_text(json.dumps(summary, indent=2))
-    (out_dir / "bench.md").write_text(markdown(tab) + (security_markdown(cost) if cost else ""))
+    md = markdown(tab) + breakdown.markdown(tab, targets) + (security_markdown(cost) if cost else "")
+    (out_dir / "bench.md").write_text(md)
     return summary
 
 
@@ -227,6 +232,7 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "archive_mib": round(a / 2**20, 2) if (a := med("archive_bytes")) is not None else None,
                 "pushed_mib": round(b / 2**20, 2) if (b := med("pushed_bytes")) is not None else None,
                 "sha256_verified": f"{sum(1 for r in rs if r.get('sha256_equal'))}/{len(rs)}",
+                "blackout_steps": breakdown.steps_of(rs),
             }
         )
     return out

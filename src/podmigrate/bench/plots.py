@@ -7,6 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from podmigrate.bench import breakdown
+
 
 def draw(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
     """Every figure the results in ``out_dir`` allow, written there as PNG; their paths."""
@@ -53,7 +55,9 @@ def draw(rows: list[dict[str, Any]], out_dir: Path) -> list[Path]:
 
     engine_file = out_dir / "bench.json"
     if engine_file.exists():
-        made += draw_engine(json.loads(engine_file.read_text())["table"], out_dir, plt)
+        engine_table = json.loads(engine_file.read_text())["table"]
+        made += draw_engine(engine_table, out_dir, plt)
+        made += breakdown.draw(engine_table, out_dir, plt)
 
     for g in groups:
         log, meta = out_dir / f"probe-{g}.json", out_dir / f"probe-{g}.meta.json"

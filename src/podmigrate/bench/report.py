@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from podmigrate.bench import k8s, stats, suite
+from podmigrate.bench import breakdown, k8s, stats, suite
 from podmigrate.bench.plots import draw
 from podmigrate.bench.study import fmt, side_by_side, study_markdown, study_tables
 
@@ -53,7 +53,8 @@ def build(out_dir: Path) -> dict[str, Any]:
     if sc:
         src = sorted(r["phase_s"].get("checkpoint", 0) + r["phase_s"].get("transfer", 0) for r in sc)[len(sc) // 2]
         budget = stats.spot_budget(src)
-    engine = json.loads((out_dir / "bench.json").read_text())["table"] if (out_dir / "bench.json").exists() else []
+    bench = json.loads((out_dir / "bench.json").read_text()) if (out_dir / "bench.json").exists() else {}
+    engine = bench.get("table", [])
     side = side_by_side(desc, at_cut, engine)
     quality = {
         "counter_went_backwards_outside_cold_or_decoupled": sum(
@@ -72,12 +73,13 @@ def build(out_dir: Path) -> dict[str, Any]:
         "spot_budget": budget,
         "quality": quality,
         "engine": engine,
+        "engine_ratios": bench.get("ratios", []),
         "study_tables": study_tables(measured, desc, at_cut, tests, engine),
         "k8s": json.loads((out_dir / "k8s.json").read_text()) if (out_dir / "k8s.json").exists() else None,
     }
     (out_dir / "report.json").write_text(json.dumps(result, indent=2))
-    made = draw(rows, out_dir) if rows else []
-    k8s_result: dict[str, Any] | None = result["k8s"]  # type: ignore[assignment]
+    made = draw(rows, out_dir) if rows or engine else []
+    k8s_result: dict[str, Any] | None = result["k8s"]
     if k8s_result and (k8s_plot := k8s.draw(k8s_result, out_dir)):
         made.append(k8s_plot)
     md = markdown(result, made)
@@ -159,6 +161,7 @@ def markdown(r: dict[str, Any], plots: list[Path]) -> str:
             lines.append(
                 f"| {e['heap_mb']} | {e['method']} | {e['n']} | {e['blackout_s']} | {_f(e.get('blackout_cutover_s'))} |"
             )
+        lines += breakdown.markdown(r["engine"], r.get("engine_ratios") or []).splitlines()
     if r.get("k8s"):
         lines += ["", *k8s.markdown(r["k8s"])]
     lines += study_markdown(r["study_tables"])

@@ -102,6 +102,18 @@ def bench_engine(
                 str(r["ratio"]),
             )
         out.print(c)
+    steps = Table("heap MB", "method", "blackout s", "where it went (s)", "unaccounted s", title="the median run")
+    for r in summary["table"]:
+        if st := r.get("blackout_steps"):
+            parts = ", ".join(f"{w} {v}" for w, v in sorted(st["steps"].items(), key=lambda x: -x[1])[:5])
+            steps.add_row(str(r["heap_mb"]), r["method"], str(st["window_s"]), parts, str(st["unaccounted_s"]))
+    if steps.rows:
+        out.print(steps)
+    if summary["ratios"]:
+        rt = Table("ratio (medians of this run)", "value", "target", "holds", title="targets")
+        for r in summary["ratios"]:
+            rt.add_row(r["ratio"], str(r["value"]), r["target"], "yes" if r["holds"] else "NO")
+        out.print(rt)
     err.print(f"results: {out_path}/ (bench.md, bench.json, rows.json)")
 
 

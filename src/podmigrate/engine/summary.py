@@ -6,6 +6,7 @@ CLI read the fields it writes (documented in ``engine.record.Record``).
 
 from __future__ import annotations
 
+from podmigrate.engine import breakdown
 from podmigrate.engine.record import Record
 
 
@@ -37,3 +38,6 @@ def summarize(rec: Record) -> None:
         total = sum(rec["phase_s"].get(p, 0) for p in ("push", "pull", "transfer"))
         moved = nbytes.get("archive", 0)
     rec["throughput_mb_s"] = round(moved / 2**20 / total, 1) if total else None
+    split = breakdown.steps(rec)
+    if split is not None:
+        rec["blackout_steps"] = split

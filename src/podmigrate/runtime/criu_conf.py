@@ -8,6 +8,7 @@ Neighbours: ``podman_cli`` explains podman's failures with ``criu_log_tail``; ``
 from __future__ import annotations
 
 import json
+import os
 import re
 import threading
 from collections.abc import Iterator
@@ -62,6 +63,41 @@ def criu_log_tail(text: str, lines: int = 25) -> list[str]:
     # CRIU always logs a harmless RLIMIT_NOFILE error here; the real cause is among the last lines
     errs = [x for x in content if "Error" in x and "RLIMIT_NOFILE" not in x]
     return ([*errs[-8:], "...", *content[-lines:]]) if errs else content[-lines:]
+
+
+_STAMP = re.compile(rb"^\((\d+\.\d+)\)", re.MULTILINE)
+
+
+def criu_log_end(log: Path) -> float | None:
+    """The last timestamp in a CRIU log: seconds from CRIU's start to its last word (None without
+    one). Only the end is read: a dump's log at runc's verbosity runs to megabytes."""
+    try:
+        with open(log, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 65536))
+            stamps = _STAMP.findall(f.read())
+    except OSError:
+        return None
+    return float(stamps[-1]) if stamps else None
+
+
+def criu_spans(
+    label: str, started: float, opened_at: float | None, log: Path | None, ended: float, criu_s: float | None = None
+) -> list[Any]:
+    """One CRIU run inside a podman command, as timeline spans [what, from, to] on this node's
+    clock: podman and runc until CRIU opened its configuration (``opened_at``, its start), CRIU
+    until the last line of its ``log`` (or for ``criu_s``, its own statistics' figure, when podman
+    deleted the log), podman after it. Spans not measured are left out."""
+    end = criu_log_end(log) if log is not None and opened_at is not None else None
+    if opened_at is None:
+        return []
+    end = end if end is not None else criu_s
+    if end is None:
+        return [[f"podman, runc: until CRIU {label}", started, opened_at]]
+    return [
+        [f"podman, runc: until CRIU {label}", started, opened_at],
+        [f"CRIU {label}", opened_at, opened_at + end],
+        [f"podman: after CRIU {label}", opened_at + end, ended],
+    ]
 
 
 def file_tail(path: Path, lines: int = 20) -> list[str]:

@@ -69,9 +69,11 @@ def thaw(cgroup: Path) -> bool:
 
 
 class FreezeOnOpen:
-    """Freeze ``cgroup`` when ``watched`` is next opened (by anyone), once, within ``timeout`` s."""
+    """Freeze ``cgroup`` when ``watched`` is next opened (by anyone), once, within ``timeout`` s;
+    ``times["opened_at"]`` says when that was (CRIU's start: the blackout breakdown's anchor for the
+    timestamps of CRIU's log). With ``cgroup`` None it only records the time."""
 
-    def __init__(self, watched: Path, cgroup: Path, timeout: float = 60.0):
+    def __init__(self, watched: Path, cgroup: Path | None, timeout: float = 60.0):
         self.watched, self.cgroup, self.timeout = watched, cgroup, timeout
         self.times: dict[str, float] = {}
         self.error: str | None = None
@@ -91,8 +93,11 @@ class FreezeOnOpen:
         ready, _, _ = select.select([self._fd, self._stop_r], [], [], self.timeout)
         if self._fd not in ready:
             return
+        self.times["opened_at"] = time.time()
         with contextlib.suppress(OSError):
             os.read(self._fd, 4096)  # the event itself does not matter, only that it came
+        if self.cgroup is None:
+            return
         try:
             (self.cgroup / "cgroup.freeze").write_text("1")
         except OSError as e:  # the container is gone: CRIU will say so itself
@@ -106,6 +111,7 @@ class FreezeOnOpen:
         self._watchdog()
 
     def _watchdog(self) -> None:
+        assert self.cgroup is not None
         """Undo a freeze that came too late. On a loaded machine this thread can see the open when
         CRIU has already frozen, seized and thawed the tasks itself; freezing them again then stops
         the parasite code CRIU runs in them, and the dump waits forever. Every task traced (by CRIU)
@@ -135,12 +141,9 @@ class FreezeOnOpen:
 
 @contextlib.contextmanager
 def freeze_when_opened(watched: Path, cgroup: Path | None) -> Iterator[FreezeOnOpen | None]:
-    """While the block runs, freeze ``cgroup`` as soon as ``watched`` is opened (nothing if either
-    is unknown or cannot be watched: this only saves time). If the block raises, the operation
-    failed and the source must run again: the cgroup is thawed."""
-    if cgroup is None:
-        yield None
-        return
+    """While the block runs, freeze ``cgroup`` as soon as ``watched`` is opened (only noting when,
+    if ``cgroup`` is None; nothing if ``watched`` cannot be watched: this only saves time). If the
+    block raises, the operation failed and the source must run again: the cgroup is thawed."""
     try:
         watcher: FreezeOnOpen | None = FreezeOnOpen(watched, cgroup)
     except OSError:  # no such file (runc hands CRIU no configuration): CRIU freezes on its own
@@ -148,7 +151,8 @@ def freeze_when_opened(watched: Path, cgroup: Path | None) -> Iterator[FreezeOnO
     try:
         yield watcher
     except BaseException:
-        thaw(cgroup)
+        if cgroup is not None:
+            thaw(cgroup)
         raise
     finally:
         if watcher:

@@ -18,7 +18,7 @@ from typing import Any
 
 from podmigrate.errors import RuntimeBackendError
 from podmigrate.runtime import freezer
-from podmigrate.runtime.criu_conf import CRIU_CONF, criu_log_tail, file_tail
+from podmigrate.runtime.criu_conf import CRIU_CONF, criu_log_tail, criu_spans, file_tail
 from podmigrate.runtime.podman_cli import PodmanCLI
 from podmigrate.runtime.uffd import FaultWaker
 
@@ -33,7 +33,7 @@ class PodmanLazy(PodmanCLI):
         *,
         tcp_established: bool = True,
         tls: tuple[str, ...] = (),
-    ) -> tuple[subprocess.Popen[str], dict[str, float]]:
+    ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
         """Start a lazy-pages dump: CRIU dumps everything but the memory, then serves the pages from
         ``address:port`` until the target has them all (the returned process ends then).
 
@@ -59,7 +59,7 @@ class PodmanLazy(PodmanCLI):
         ]
         if tcp_established:
             args.insert(3, "--tcp-established")
-        times = {"dump_started": time.time()}
+        times: dict[str, Any] = {"dump_started": time.time()}
         with (
             self.criu_options("lazy-pages", f"address={address}", f"port={port}", *tls),
             freezer.freeze_when_opened(CRIU_CONF, cgroup) as early,
@@ -116,6 +116,13 @@ class PodmanLazy(PodmanCLI):
             raise RuntimeBackendError(f"packing the lazy checkpoint of {name} failed: {p.stderr.strip()}")
         os.chmod(archive, 0o600)
         times["packed_at"] = time.time()
+        opened = times.get("opened_at")
+        if opened:  # the blackout breakdown's spans (engine.breakdown) on this node's clock
+            times["timeline"] = [
+                ["podman, runc: until CRIU dump", times["dump_started"], opened],
+                ["CRIU dump (all but the memory)", opened, times["serving_at"]],
+                ["packing the lazy archive", times["serving_at"], times["packed_at"]],
+            ]
         return proc, times
 
     def _network_status(self, name: str) -> dict[str, Any]:
@@ -184,6 +191,7 @@ class PodmanLazy(PodmanCLI):
         """Restore with the memory left behind: a ``criu lazy-pages`` daemon fetches pages from the
         source as the process touches them (userfaultfd), and the rest in the background.
         ``wake_faults`` re-raises the faults the daemon drops (see ``runtime.uffd``)."""
+        started = time.time()
         images.mkdir(mode=0o700, exist_ok=True)
         work.mkdir(mode=0o700, exist_ok=True)
         p = subprocess.run(
@@ -231,14 +239,22 @@ class PodmanLazy(PodmanCLI):
             args.append("--tcp-established")
         t0 = time.time()
         try:
-            with self.criu_options("lazy-pages", f"work-dir={work}"):
+            with (
+                self.criu_options("lazy-pages", f"work-dir={work}"),
+                freezer.freeze_when_opened(CRIU_CONF, None) as noted,
+            ):
                 self._run(*args, what="lazy restore")
         except Exception:
             daemon.kill()
             if waker:
                 waker.stop()
             raise
-        return {"started": t0, "ended": time.time(), "stats": {}}, daemon, waker
+        ended = time.time()
+        timeline = [["unpacking, lazy-pages daemon start", started, t0]]
+        timeline += criu_spans(
+            "restore", t0, noted.times.get("opened_at") if noted else None, work / "restore.log", ended
+        )
+        return {"started": t0, "ended": ended, "stats": {}, "timeline": timeline}, daemon, waker
 
 
 _PODMAN_FILES = {"etc/mtab", "run/.containerenv", "etc/hosts", "etc/hostname", "etc/resolv.conf"}

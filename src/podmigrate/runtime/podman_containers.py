@@ -21,7 +21,7 @@ from podmigrate import names
 from podmigrate.errors import RuntimeBackendError
 from podmigrate.runtime import freezer
 from podmigrate.runtime.base import ContainerInfo, RunSpec
-from podmigrate.runtime.criu_conf import CRIU_CONF, parse_stats
+from podmigrate.runtime.criu_conf import CRIU_CONF, criu_spans, parse_stats
 from podmigrate.runtime.podman_cli import PodmanCLI
 
 
@@ -184,18 +184,21 @@ class PodmanContainers(PodmanCLI):
             args.append("--tcp-established")
         if leave_running:
             args.append("--leave-running")
+        pid, static = self._run("inspect", "-f", "{{.State.Pid}}|{{.StaticDir}}", "--", name).stdout.strip().split("|")
         # a source that stops for good (or stays frozen until verify) can be frozen the moment CRIU
         # starts; one left running would stay frozen through podman's export
-        pid = 0 if leave_running else int(self._run("inspect", "-f", "{{.State.Pid}}", "--", name).stdout.strip() or 0)
-        cgroup = freezer.cgroup_dir(pid) if pid > 0 else None
+        cgroup = freezer.cgroup_dir(int(pid)) if pid.isdigit() and int(pid) > 0 and not leave_running else None
         t0 = time.time()
         with self.criu_options(*criu), freezer.freeze_when_opened(CRIU_CONF, cgroup) as early:
             p = self._run(*args, "--", name, what=f"checkpoint of {name}")
+        ended = time.time()
         os.chmod(archive, 0o600)  # it holds the process's memory (the directory is 0700 too)
         stats = parse_stats(p.stdout)
-        res = {"started": t0, "ended": time.time(), "stats": stats, "archive_bytes": archive.stat().st_size}
-        if early and early.times:
-            res["frozen_early_at"] = early.times.get("frozen_at")
+        times = early.times if early else {}
+        res = {"started": t0, "ended": ended, "stats": stats, "archive_bytes": archive.stat().st_size}
+        res["timeline"] = criu_spans("dump", t0, times.get("opened_at"), Path(static) / "dump.log", ended)
+        if times.get("frozen_at"):
+            res["frozen_early_at"] = times["frozen_at"]
         return res
 
     def restore_local(self, name: str, *, tcp_established: bool = True) -> dict[str, Any]:
@@ -214,9 +217,20 @@ class PodmanContainers(PodmanCLI):
         if tcp_established:
             args.append("--tcp-established")
         t0 = time.time()
-        with self.criu_options(*criu):
+        with self.criu_options(*criu), freezer.freeze_when_opened(CRIU_CONF, None) as noted:
             p = self._run(*args, what="restore from checkpoint archive")
-        return {"started": t0, "ended": time.time(), "stats": parse_stats(p.stdout)}
+        ended = time.time()
+        stats = parse_stats(p.stdout)
+        opened = noted.times.get("opened_at") if noted else None
+        # podman deletes restore.log with the imported checkpoint; CRIU's own statistics (forking
+        # and restoring the tasks) are what is known of its run
+        criu_s = (stats.get("forking_time", 0) + stats["restore_time"]) / 1e6 if "restore_time" in stats else None
+        return {
+            "started": t0,
+            "ended": ended,
+            "stats": stats,
+            "timeline": criu_spans("restore", t0, opened, None, ended, criu_s),
+        }
 
     def resume(self, name: str) -> dict[str, Any]:
         """Wake a container that a dump left stopped (CRIU ``leave-stopped``): thaw its cgroup (frozen

@@ -7,8 +7,10 @@ Neighbours: ``validate`` before them, ``traffic`` after (cutover, verify, cleanu
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
+from podmigrate.engine import breakdown
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.errors import PodmigrateError
 
@@ -31,6 +33,7 @@ def checkpoint(ctx: Ctx) -> None:
     rec["checkpoint_at"] = res["ended"]
     rec.setdefault("criu", {})["dump"] = res["stats"]
     rec.setdefault("bytes", {})["archive"] = res["archive_bytes"]
+    breakdown.note(rec, "source", res.get("timeline"))
     if rec.get("page_server"):
         rec["bytes"]["pages"] = int(res["stats"].get("pages_written", 0)) * 4096
 
@@ -114,6 +117,7 @@ def transfer(ctx: Ctx) -> None:
     sealed = expect_seal(ctx)
     res = ctx.agent(rec["source"] or "").post(f"/v1/checkpoints/{rec['id']}/send", {"node": rec["target"], **sealed})
     rec["bytes"]["sent"] = res["bytes"]
+    breakdown.note(rec, "source", [["stream: sending the archive", res.get("started"), res.get("ended")]])
     rec["stream"] = {"sha256": res["sha256"], "seconds": round(res["ended"] - res["started"], 4)}
 
 
@@ -131,6 +135,7 @@ def restore(ctx: Ctx) -> None:
     )
     rec["criu"]["restore"] = res["stats"]
     rec["restored_at"] = res["ended"]
+    breakdown.note(rec, "target", res.get("timeline"))
     new = {c["name"]: c for c in ctx.agent(rec["target"]).get("/v1/containers")}.get(rec["container"])
     if not new or new["state"] != "running":
         raise PodmigrateError(f"{rec['container']} is not running on {rec['target']} after restore")
@@ -155,6 +160,7 @@ def stop(ctx: Ctx) -> None:
     rec = ctx.rec
     res = ctx.agent(rec["source"] or "").post(f"/v1/containers/{rec['container']}/stop", {"timeout": 2})
     rec["freeze_started"] = res["started"]
+    breakdown.note(rec, "source", [["podman stop", res["started"], res.get("ended")]])
 
 
 def undo_stop(ctx: Ctx) -> str:
@@ -194,4 +200,7 @@ def full_spec(ctx: Ctx) -> dict[str, Any]:
 
 
 def start_fresh(ctx: Ctx) -> None:
-    ctx.agent(ctx.rec["target"]).post("/v1/containers", full_spec(ctx))
+    spec = full_spec(ctx)
+    t0 = time.time()  # the target's clock is this one in the lab (engine.breakdown)
+    ctx.agent(ctx.rec["target"]).post("/v1/containers", spec)
+    breakdown.note(ctx.rec, "target", [["podman run (a fresh process)", t0, time.time()]])

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 
+from podmigrate.engine import breakdown
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.errors import PodmigrateError
 
@@ -26,6 +27,7 @@ def lazy_checkpoint(ctx: Ctx) -> None:
     rec["lazy"] = {"address": res["address"], "port": res["port"], "times": res.get("times", {})}
     rec.setdefault("criu", {})["dump"] = res["stats"]
     rec.setdefault("bytes", {})["archive"] = res["archive_bytes"]
+    breakdown.note(rec, "source", res.get("times", {}).get("timeline"))
 
 
 def undo_lazy_checkpoint(ctx: Ctx) -> str:
@@ -65,6 +67,7 @@ def lazy_restore(ctx: Ctx) -> None:
     rec["lazy"]["wake_faults"] = res.get("wake_faults", False)
     rec["criu"]["restore"] = res["stats"]
     rec["restored_at"] = res["ended"]
+    breakdown.note(rec, "target", res.get("timeline"))
 
 
 def lazy_pages(ctx: Ctx) -> None:
