@@ -398,3 +398,31 @@ def test_a_migration_that_will_not_fit_is_refused_before_anything_is_frozen(lab,
     assert store_for(lab).list() == []
     assert not [c for c in lab.world.calls if "/checkpoint" in c[2] and c[1] == "POST"]  # nothing dumped
     assert_serves_on(lab, "node-a", before)
+
+
+@pytest.mark.parametrize("old", [False, True])
+def test_the_restored_copy_is_checked_after_its_first_answer_unless_the_old_path_is_asked_for(
+    lab: FakeLab, monkeypatch: pytest.MonkeyPatch, old: bool
+) -> None:
+    before = started(lab)
+    if old:
+        monkeypatch.setenv("PODMIGRATE_OLD_PATHS", "restored-check-before-cutover")
+    rec = migrate(lab, Plan(workload="web", target="node-b", transport="stream"))
+    assert rec["status"] == "completed"
+    assert ("restored_check" in rec) is not old
+    calls = [(node, method, path) for node, method, path in lab.world.calls]
+    listed = calls.index(
+        ("node-b", "GET", "/v1/containers"), calls.index(("node-b", "POST", f"/v1/checkpoints/{rec['id']}/restore"))
+    )
+    switched = next(i for i, c in enumerate(calls) if c[0] == "lan" and c[1] == "PUT")
+    assert (listed < switched) is old  # the old path lists the target's containers inside the blackout
+    assert_serves_on(lab, "node-b", before)
+
+
+def test_an_unknown_change_is_refused_with_the_list_of_changes() -> None:
+    from podmigrate.engine import paths
+
+    assert paths.parse("restore-image-check,all") == ("restore-image-check", "all")
+    with pytest.raises(UsageError, match="no such change: fast") as e:
+        paths.parse("fast")
+    assert e.value.hint and "restored-check-before-cutover" in e.value.hint

@@ -32,15 +32,20 @@ def _blackout(tab: list[dict[str, Any]], heap: int, method: str) -> float | None
     return next((t["blackout_s"] for t in tab if t["heap_mb"] == heap and t["method"] == method), None)
 
 
-def ratios(tab: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The targets, from the medians of this run: what was measured, the ratio and whether it holds."""
+def ratios(tab: list[dict[str, Any]], rows: list[dict[str, Any]], variant: str = "") -> list[dict[str, Any]]:
+    """The targets, from the medians of this run: what was measured, the ratio and whether it holds
+    (of the methods run as ``variant``, when the run alternated between variants)."""
+    if variant:
+        end = f" · {variant}"
+        tab = [{**t, "method": t["method"].removesuffix(end)} for t in tab if t["method"].endswith(end)]
+        rows = [{**r, "method": r["method"].removesuffix(end)} for r in rows if r["method"].endswith(end)]
     heaps = sorted({t["heap_mb"] for t in tab})
     out: list[dict[str, Any]] = []
 
     def add(what: str, a: float | None, b: float | None, target: str, holds: Any) -> None:
         if a and b:
             r = round(a / b, 3)
-            out.append({"ratio": what, "value": r, "target": target, "holds": bool(holds(r))})
+            out.append({"ratio": what, "value": r, "target": target, "holds": bool(holds(r)), "variant": variant})
 
     if not heaps:
         return out
@@ -58,7 +63,7 @@ def ratios(tab: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[dict[s
     if decoupled:
         failed = sum(int(r.get("cutover_failed_probes") or 0) for r in decoupled)
         out.append({"ratio": f"failed probes at decoupled cutovers ({len(decoupled)} runs)", "value": failed,
-                    "target": "0", "holds": failed == 0})  # fmt: skip
+                    "target": "0", "holds": failed == 0, "variant": variant})  # fmt: skip
     return out
 
 
@@ -75,7 +80,9 @@ def markdown(tab: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> str
     if ratio_rows:
         lines += ["", "| ratio (medians of this run) | value | target | holds |", "|---|---|---|---|"]
         lines += [
-            f"| {r['ratio']} | {r['value']} | {r['target']} | {'yes' if r['holds'] else 'NO'} |" for r in ratio_rows
+            f"| {r['ratio']}{' · ' + r['variant'] if r.get('variant') else ''} | {r['value']} | {r['target']} | "
+            f"{'yes' if r['holds'] else 'NO'} |"
+            for r in ratio_rows
         ]
     return "\n".join(lines) + "\n"
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 import time
 from collections.abc import Mapping
@@ -22,6 +23,8 @@ from typing import Any
 
 from podmigrate import layout
 from podmigrate.bench import breakdown, memory, suite
+from podmigrate.bench import load as background
+from podmigrate.engine import paths
 from podmigrate.engine.blackout import blackout
 from podmigrate.engine.controller import Plan, migrate
 from podmigrate.errors import UsageError
@@ -124,10 +127,16 @@ def run(
     methods: list[str] | None = None,
     warm_memory_gib: float | None = 0,  # None: all free memory but 4 GiB (bench.memory.warm)
     security: tuple[str, ...] = ("on",),  # ("on", "off"): each run of each method with both, interleaved
+    old_paths: tuple[str, ...] = (),  # engine.paths changes: each run with the new path and the old, interleaved
+    load: tuple[str, ...] = ("off",),  # ("on", "off"): each run with the background load (bench.load) and without
 ) -> dict[str, Any]:
     lab.require_up()
     if not security or set(security) - {"on", "off"}:
         raise UsageError(f"security settings are on and off, not {list(security)}")
+    if not load or set(load) - {"on", "off"}:
+        raise UsageError(f"background load settings are on and off, not {list(load)}")
+    if sum((len(security) > 1, bool(old_paths), len(load) > 1)) > 1:
+        raise UsageError("compare one thing per run: security on/off, old/new paths or load on/off")
     # gzip is single-threaded (~20 MB/s here): only when asked for, as in the sweep
     chosen = [
         m
@@ -140,52 +149,23 @@ def run(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "machine.json").write_text(json.dumps(suite.machine(lab), indent=2))
     rows: list[dict[str, Any]] = []
-    other = {"node-a": "node-b", "node-b": "node-a"}
     warmed = memory.warm(warm_memory_gib) if warm_memory_gib != 0 else {"gib": 0, "seconds": 0.0}
     report(f"guest memory warm-up: touched {warmed['gib']} GiB in {warmed['seconds']} s")
-    for heap in heaps:
-        name = f"bench{heap}"
-        with contextlib.suppress(UsageError):
-            manage.stop(lab, name)
-        report(f"{heap} MB: starting the workload and warming up both nodes")
-        # a static address: podman's create-image path keeps only those (the engine keeps any)
-        manage.start(lab, name, "node-a", heap, ip=f"10.89.1.{200 + heaps.index(heap)}", report=report)
-        for target in ("node-b", "node-a"):
-            rows.append(
-                _row(
-                    "warm-up stop-copy/stream",
-                    heap,
-                    migrate(lab, Plan(workload=name, target=target, transport="stream")),
-                    warmup=True,
-                )
-            )
-        try:
-            for label, mode, transport, compression in chosen:
-                for i in range(runs):
-                    # on and off alternate within each run (and their order flips every run), so that
-                    # drift in the machine's speed falls on both alike
-                    for setting in security if i % 2 == 0 else tuple(reversed(security)):
-                        lab.set_security(setting)
-                        shown = f"{label} · security {setting}" if len(security) > 1 else label
-                        source = manage.locate(lab, name).node
-                        target = other[source]
-                        report(f"{heap} MB: {shown} run {i + 1}/{runs} ({source} -> {target})")
-                        rec: Mapping[str, Any]
-                        if mode == "podman-image":
-                            rec = podman_image(lab, name, source, target, heap)
-                        else:
-                            plan = Plan(
-                                workload=name, target=target, mode=mode, transport=transport, compression=compression
-                            )
-                            rec = migrate(lab, plan)
-                        rows.append({**_row(shown, heap, rec), "security": setting})
-                        (out_dir / "rows.json").write_text(json.dumps(rows, indent=2))
-        finally:
-            lab.set_security("on")
-        manage.stop(lab, name)
+    mesh = background.start(lab, report=report) if "on" in load else None
+    variants = _variants(lab, security, old_paths, load, mesh)
+    try:
+        for index, heap in enumerate(heaps):
+            _heap_runs(lab, heap, index, chosen, runs, variants, rows, out_dir, report)
+    finally:
+        lab.set_security("on")
+        os.environ.pop("PODMIGRATE_OLD_PATHS", None)
+        if mesh:
+            mesh.stop()
     tab = table(rows)
     cost = security_cost(tab) if len(security) > 1 else []
-    targets = breakdown.ratios(tab, rows)
+    changed = paired(tab, "new path", f"old path: {','.join(old_paths)}") if old_paths else []
+    loaded = paired(tab, "load on", "load off") if len(load) > 1 else []
+    targets = [t for v, _ in variants for t in breakdown.ratios(tab, rows, v)]
     summary = {
         "created": time.time(),
         "heaps": heaps,
@@ -195,11 +175,63 @@ def run(
         "table": tab,
         "security_cost": cost,
         "ratios": targets,
+        "old_paths": {"changes": list(old_paths), "new_over_old": changed},
+        "load": {
+            "settings": list(load),
+            "services": len(mesh.services) if mesh else 0,
+            "rate_per_service": mesh.rate if mesh else 0,
+            "on_over_off": loaded,
+        },
     }
     (out_dir / "bench.json").write_text(json.dumps(summary, indent=2))
     md = markdown(tab) + breakdown.markdown(tab, targets) + (security_markdown(cost) if cost else "")
+    md += paired_markdown(changed, "new path", "old path") if changed else ""
+    md += paired_markdown(loaded, "load on", "load off") if loaded else ""
     (out_dir / "bench.md").write_text(md)
     return summary
+
+
+def _heap_runs(
+    lab: Lab,
+    heap: int,
+    index: int,
+    chosen: list[tuple[str, str, str, str]],
+    runs: int,
+    variants: list[tuple[str, Any]],
+    rows: list[dict[str, Any]],
+    out_dir: Path,
+    report: Report,
+) -> None:
+    """Every chosen method ``runs`` times at one heap size, each run in every variant; rows appended."""
+    name = f"bench{heap}"
+    other = {"node-a": "node-b", "node-b": "node-a"}
+    with contextlib.suppress(UsageError):
+        manage.stop(lab, name)
+    report(f"{heap} MB: starting the workload and warming up both nodes")
+    # a static address: podman's create-image path keeps only those (the engine keeps any)
+    manage.start(lab, name, "node-a", heap, ip=f"10.89.1.{200 + index}", report=report)
+    for target in ("node-b", "node-a"):
+        warm = migrate(lab, Plan(workload=name, target=target, transport="stream"))
+        rows.append(_row("warm-up stop-copy/stream", heap, warm, warmup=True))
+    for label, mode, transport, compression in chosen:
+        for i in range(runs):
+            # the variants alternate within each run (and their order flips every run), so that
+            # drift in the machine's speed falls on both alike
+            for setting, apply in variants if i % 2 == 0 else variants[::-1]:
+                apply()
+                shown = f"{label} · {setting}" if len(variants) > 1 else label
+                source = manage.locate(lab, name).node
+                target = other[source]
+                report(f"{heap} MB: {shown} run {i + 1}/{runs} ({source} -> {target})")
+                rec: Mapping[str, Any]
+                if mode == "podman-image":
+                    rec = podman_image(lab, name, source, target, heap)
+                else:
+                    plan = Plan(workload=name, target=target, mode=mode, transport=transport, compression=compression)
+                    rec = migrate(lab, plan)
+                rows.append({**_row(shown, heap, rec), "variant": setting})
+                (out_dir / "rows.json").write_text(json.dumps(rows, indent=2))
+    manage.stop(lab, name)
 
 
 def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -238,40 +270,82 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def security_cost(tab: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per heap and method: median blackout with sealing and CRIU's TLS on and off, and their ratio."""
+def _variants(
+    lab: Lab, security: tuple[str, ...], old_paths: tuple[str, ...], load: tuple[str, ...], mesh: background.Load | None
+) -> list[tuple[str, Any]]:
+    """(label, make it so) for each variant a run alternates between."""
+    if mesh is not None:
+        if len(load) > 1:
+            return [(f"load {x}", mesh.on if x == "on" else mesh.off) for x in load]
+        mesh.on()
+    if len(security) > 1:
+        return [(f"security {s}", lambda s=s: lab.set_security(s)) for s in security]
+    lab.set_security(security[0])
+    if old_paths:
+        chosen = paths.parse(",".join(old_paths))
+        return [
+            ("new path", lambda: os.environ.pop("PODMIGRATE_OLD_PATHS", None)),
+            (f"old path: {','.join(chosen)}", lambda: os.environ.update(PODMIGRATE_OLD_PATHS=",".join(chosen))),
+        ]
+    return [("", lambda: None)]
+
+
+def paired(tab: list[dict[str, Any]], first: str, second: str) -> list[dict[str, Any]]:
+    """Per heap and method: the median blackouts of two variants measured in one run, and their ratio."""
     by = {(r["heap_mb"], r["method"]): r for r in tab}
     out = []
-    for (heap, method), on in sorted(by.items()):
-        if not method.endswith(" · security on"):
+    for (heap, method), a in sorted(by.items()):
+        if not method.endswith(f" · {first}"):
             continue
-        base = method.removesuffix(" · security on")
-        off = by.get((heap, f"{base} · security off"))
-        if off is None or not on["blackout_s"] or not off["blackout_s"]:
+        base = method.removesuffix(f" · {first}")
+        b = by.get((heap, f"{base} · {second}"))
+        if b is None or not a["blackout_s"] or not b["blackout_s"]:
             continue
         out.append(
             {
                 "heap_mb": heap,
                 "method": base,
-                "n": min(on["n"], off["n"]),
-                "blackout_on_s": on["blackout_s"],
-                "blackout_off_s": off["blackout_s"],
-                "ratio": round(on["blackout_s"] / off["blackout_s"], 3),
-                "checkpoint_on_s": on["phase_s"].get("checkpoint"),
-                "checkpoint_off_s": off["phase_s"].get("checkpoint"),
+                "n": min(a["n"], b["n"]),
+                "blackout_a_s": a["blackout_s"],
+                "blackout_b_s": b["blackout_s"],
+                "ratio": round(a["blackout_s"] / b["blackout_s"], 3),
+                "checkpoint_a_s": a["phase_s"].get("checkpoint"),
+                "checkpoint_b_s": b["phase_s"].get("checkpoint"),
             }
         )
     return out
 
 
+def security_cost(tab: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per heap and method: median blackout with sealing and CRIU's TLS on and off, and their ratio."""
+    return [
+        {
+            "heap_mb": c["heap_mb"],
+            "method": c["method"],
+            "n": c["n"],
+            "blackout_on_s": c["blackout_a_s"],
+            "blackout_off_s": c["blackout_b_s"],
+            "ratio": c["ratio"],
+            "checkpoint_on_s": c["checkpoint_a_s"],
+            "checkpoint_off_s": c["checkpoint_b_s"],
+        }
+        for c in paired(tab, "security on", "security off")
+    ]
+
+
 def security_markdown(cost: list[dict[str, Any]]) -> str:
+    rows = [{**c, "blackout_a_s": c["blackout_on_s"], "blackout_b_s": c["blackout_off_s"]} for c in cost]
+    return paired_markdown(rows, "security on", "off")
+
+
+def paired_markdown(rows: list[dict[str, Any]], first: str, second: str) -> str:
     lines = [
         "",
-        "| heap MB | method | n | blackout, security on s | off s | on / off |",
+        f"| heap MB | method | n | blackout, {first} s | {second} s | ratio |",
         "|---|---|---|---|---|---|",
     ]
-    for c in cost:
-        cells = [c["heap_mb"], c["method"], c["n"], c["blackout_on_s"], c["blackout_off_s"], c["ratio"]]
+    for c in rows:
+        cells = [c["heap_mb"], c["method"], c["n"], c["blackout_a_s"], c["blackout_b_s"], c["ratio"]]
         lines.append("| " + " | ".join(str(x) for x in cells) + " |")
     return "\n".join(lines) + "\n"
 

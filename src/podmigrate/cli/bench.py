@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 from rich.table import Table
@@ -14,6 +15,14 @@ from rich.table import Table
 from podmigrate.cli.lab import get_lab
 from podmigrate.cli.output import err, out, status
 from podmigrate.errors import UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def on_off(name: str, default: str, help: str) -> Callable[[F], F]:
+    """An option that is on, off, or both in turn (``on,off``: a comparison within one run)."""
+    choice = click.Choice(["on", "off", "on,off"])
+    return click.option(f"--{name}", default=default, show_default=True, type=choice, help=help)
 
 
 @click.group()
@@ -33,12 +42,18 @@ def bench() -> None:
     help="Touch this much guest memory once before measuring (first touch is slow on VMs); "
     "default: all free memory but 4 GiB; 0: skip.",
 )
+@on_off("security", "on", "on,off: every run of every method with sealing and CRIU's TLS on and off, interleaved.")
 @click.option(
-    "--security",
-    default="on",
-    show_default=True,
-    type=click.Choice(["on", "off", "on,off"]),
-    help="on,off: every run of every method with sealing and CRIU's TLS on and off, interleaved, and their ratio.",
+    "--old-paths",
+    default="",
+    help="Changes of engine.paths (comma-separated, or all): every run with the new path and the old, "
+    "interleaved, and their ratio.",
+)
+@on_off(
+    "load",
+    "off",
+    "A background load beside the migrations (3 mesh services per node, 50 requests/s each); on,off: "
+    "every run with and without it, interleaved.",
 )
 @click.pass_context
 def bench_engine(
@@ -49,6 +64,8 @@ def bench_engine(
     out_dir: str | None,
     warm_memory_gb: float | None,
     security: str,
+    old_paths: str,
+    load: str,
 ) -> None:
     """Every mode and transport at several heap sizes, beside Podman's own two paths."""
     import time
@@ -73,6 +90,8 @@ def bench_engine(
             methods=methods.split(",") if methods else None,
             warm_memory_gib=warm_memory_gb,
             security=tuple(security.split(",")),
+            old_paths=tuple(x for x in old_paths.split(",") if x),
+            load=tuple(load.split(",")),
         )
     t = Table(
         "heap MB", "method", "n", "blackout s", "at cutover s", "drift", "CRIU frozen s", "phases (median s)", "state"
@@ -102,6 +121,16 @@ def bench_engine(
                 str(r["ratio"]),
             )
         out.print(c)
+    for pairs, a, b, title in (
+        (summary["old_paths"]["new_over_old"], "new", "old", "the new paths against the old"),
+        (summary["load"]["on_over_off"], "load on", "off", "with the background load and without"),
+    ):
+        if pairs:
+            c = Table("heap MB", "method", "n", f"blackout {a} s", f"{b} s", "ratio", title=title)
+            for r in pairs:
+                cells = (r["heap_mb"], r["method"], r["n"], r["blackout_a_s"], r["blackout_b_s"], r["ratio"])
+                c.add_row(*(str(x) for x in cells))
+            out.print(c)
     steps = Table("heap MB", "method", "blackout s", "where it went (s)", "unaccounted s", title="the median run")
     for r in summary["table"]:
         if st := r.get("blackout_steps"):
@@ -112,7 +141,8 @@ def bench_engine(
     if summary["ratios"]:
         rt = Table("ratio (medians of this run)", "value", "target", "holds", title="targets")
         for r in summary["ratios"]:
-            rt.add_row(r["ratio"], str(r["value"]), r["target"], "yes" if r["holds"] else "NO")
+            what = f"{r['ratio']} · {r['variant']}" if r.get("variant") else r["ratio"]
+            rt.add_row(what, str(r["value"]), r["target"], "yes" if r["holds"] else "NO")
         out.print(rt)
     err.print(f"results: {out_path}/ (bench.md, bench.json, rows.json)")
 

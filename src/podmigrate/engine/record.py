@@ -159,6 +159,7 @@ class Record(RunRecord, total=False):
     freeze_started: float  # when the source stopped serving (dump or stop began)
     checkpoint_at: float  # when the dump ended
     restored_at: float
+    restored_check: str  # when the copy's state and addresses were checked (engine.paths)
     first_answer_at: float
     criu: dict[str, Any]  # CRIU's statistics: dump, restore (pods: per member)
     security: dict[str, Any]  # sealed checkpoints, CRIU's TLS, how agents authenticate (never a key)

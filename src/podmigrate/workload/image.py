@@ -1,5 +1,5 @@
 """Builds the workload image offline: a Debian trixie rootfs with python3 + numpy (mmdebstrap),
-stream-server and the sidecar on top, FROM scratch with buildah.
+stream-server, the sidecar and the background load's mesh service on top, FROM scratch with buildah.
 
 Both steps are cached in ``$PODMIGRATE_HOME/cache``: the rootfs tarball by its package list, the OCI
 archive by the hash of that plus the workload's sources. A new lab only copies the archive into its
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from podmigrate.lab.cluster import Lab, Report
 
 HERE = Path(__file__).resolve().parent
-SOURCES = ("heapsrv.py", "sidecar.py")
+SOURCES = ("heapsrv.py", "sidecar.py", "mesh.py")
 ROOTFS_PACKAGES = "python3,python3-numpy"
 REPOSITORY = f"{layout.REGISTRY}/podmigrate/stream-server"
 
@@ -97,7 +97,7 @@ def _load(lab: Lab, ref: str, report: Report) -> None:
 c=$(buildah from scratch)
 trap 'buildah rm $c >/dev/null 2>&1 || true' EXIT
 buildah add $c {rootfs} / >/dev/null
-buildah copy $c {src}/heapsrv.py {src}/sidecar.py /app/ >/dev/null
+buildah copy $c {src}/heapsrv.py {src}/sidecar.py {src}/mesh.py /app/ >/dev/null
 buildah config --cmd '["python3","-u","/app/heapsrv.py"]' --env HEAP_MB=64 --port 8000 \
   --label org.opencontainers.image.title=stream-server $c
 buildah commit -q $c localhost/stream-server:{tag} >/dev/null

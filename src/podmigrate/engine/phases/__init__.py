@@ -27,7 +27,7 @@ _COMMON = phase_table(
     Phase(P.STOP, c.stop, c.undo_stop),
     Phase(P.START, c.start_fresh, c.undo_restore),
     Phase(P.CUTOVER, traffic.cutover, traffic.undo_cutover),
-    Phase(P.VERIFY, traffic.verify),
+    Phase(P.VERIFY, c.verify),
     Phase(P.CLEANUP, traffic.cleanup),
 )
 _LAZY = phase_table(

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 
-from podmigrate.engine import breakdown
+from podmigrate.engine import breakdown, paths
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.errors import PodmigrateError
 
@@ -58,7 +58,7 @@ def lazy_restore(ctx: Ctx) -> None:
         f"/v1/checkpoints/{rec['id']}/restore-lazy",
         {
             **rec["lazy"],
-            "image": rec["image"],
+            **({"image": rec["image"]} if paths.old("restore-image-check") else {}),
             "tcp_established": rec["plan"]["tcp_established"],
             # off only to measure what the waker saves (runtime/uffd.py)
             "wake_faults": os.environ.get("PODMIGRATE_LAZY_WAKE", "1") != "0",

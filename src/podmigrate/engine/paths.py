@@ -1,0 +1,34 @@
+"""Fixed costs taken out of the blackout (issue 14), each of which can be put back to measure it.
+
+Every change here moved work from inside the blackout to before the freeze or after the copy's
+first answer. ``PODMIGRATE_OLD_PATHS=name,...`` (or ``all``) makes the controller take the old path
+for those, so that ``podmigrate bench engine --old-paths NAME`` measures a change alone, interleaved
+with the new path in one run. It exists for measuring only; the new paths are the product.
+"""
+
+from __future__ import annotations
+
+import os
+
+from podmigrate.errors import UsageError
+
+CHANGES = {
+    "restore-image-check": "the target's restore no longer asks podman whether the image is there first "
+    "(validate made sure of it before the freeze)",
+    "restored-check-before-cutover": "the restored copy's state and addresses are checked after its first "
+    "answer, not between the restore and the route switch",
+}
+
+
+def old(change: str) -> bool:
+    """Whether this controller takes the old path for ``change``."""
+    wanted = {x.strip() for x in os.environ.get("PODMIGRATE_OLD_PATHS", "").split(",") if x.strip()}
+    return change in wanted or "all" in wanted
+
+
+def parse(value: str) -> tuple[str, ...]:
+    names = tuple(x.strip() for x in value.split(",") if x.strip())
+    unknown = sorted(set(names) - set(CHANGES) - {"all"})
+    if unknown:
+        raise UsageError(f"no such change: {', '.join(unknown)}", hint=f"the changes: {', '.join(CHANGES)}, all")
+    return names
