@@ -27,6 +27,7 @@ IN_LAB_STATE = "/var/lib/podmigrate-lab"  # the lab's host state directory, bind
 IN_LAB_CACHE = "/var/lib/podmigrate-cache"  # the host image cache, bind-mounted
 IN_LAB_SRC = "/opt/podmigrate"  # PYTHONPATH: holds the podmigrate package
 NODE_CHECKPOINTS = "/var/lib/podmigrate/checkpoints"  # node-private (bind from the node's state dir)
+NODE_NOTICE = "/var/tmp/podmigrate-instance-action.json"  # a Spot notice (agent.notice); /var/tmp is the node's
 LAB_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 

@@ -26,7 +26,7 @@ from podmigrate.agent import tls
 from podmigrate.errors import AgentError, PodmigrateError, UsageError
 
 Handler = Callable[[dict[str, str], dict[str, Any]], Any]
-STATUS = {"UsageError": 400, "AgentError": 502, "LabError": 503}
+STATUS = {"UsageError": 400, "NotFound": 404, "AgentError": 502, "LabError": 503}
 _SAFE_ID = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 MAX_JSON = 1 << 20  # requests are small documents; anything bigger is a mistake or an attack
 MAX_UPLOAD = 1 << 40  # a checkpoint stream: bounded by its Content-Length, which must be given

@@ -21,6 +21,7 @@ from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App, safe_id
 from podmigrate.agent.memory import Reservations
 from podmigrate.agent.node_lazy import LazyPages
+from podmigrate.agent.notice import SpotNotice
 from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
 from podmigrate.transport import stream
 from podmigrate.transport.archive import ArchiveTransport
@@ -46,10 +47,12 @@ class NodeAgent:
         identity: tls.Files,
         checkpoints: Path = Path(layout.NODE_CHECKPOINTS),
         setting: Path = Path(layout.IN_LAB_STATE) / "security",
+        notice: Path = Path(layout.NODE_NOTICE),
     ):
         self.app, self.rt, self.identity, self.setting = app, rt, identity, setting
         self.files = CheckpointDir(checkpoints)
         self.memory = Reservations()
+        self.notice = SpotNotice(notice)
         self.lazy = LazyPages(app.name, rt, self.files, self.memory, self.criu_tls)
         self.registry = RegistryTransport()
         # the engine's stream and archive transports both arrive at /send: on this side they differ
@@ -102,6 +105,7 @@ class NodeAgent:
         self.app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/commit", peer=True)(self.commit)
         self.lazy.register(self.app)
         self.memory.register(self.app)
+        self.notice.register(self.app)
 
     # ------------------------------------------------------------------ containers and pods
     def info(self, p: dict[str, str], b: dict[str, Any]) -> Any:

@@ -26,6 +26,7 @@ from podmigrate.engine.record import PhaseEntry, PlanDict, Record, Rollback, Sto
 from podmigrate.engine.runner import Phase, Runner, as_error
 from podmigrate.engine.signals import Abandoned, interruptible
 from podmigrate.errors import AgentError, MigrationFailed, PodmigrateError, UsageError
+from podmigrate.lab import cordon
 from podmigrate.lab.claims import Claims
 from podmigrate.lab.handle import LabHandle
 from podmigrate.transport.registry import repository_component
@@ -170,6 +171,7 @@ def check_request(lab: LabHandle, plan: Plan) -> None:
         raise UsageError(
             f"there is no node {plan.target!r} in lab {lab.name!r}", hint=f"its nodes are: {', '.join(lab.nodes)}"
         )
+    cordon.refuse_if_cordoned(lab, plan.target, "migrating a workload")
 
 
 def migrate(lab: LabHandle, plan: Plan, report: Report = lambda _m: None) -> Record:

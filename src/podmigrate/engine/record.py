@@ -178,6 +178,7 @@ class Record(RunRecord, total=False):
     blackout_s: float
     blackout_method: str  # probe | controller
     blackout_cutover_s: float
+    rss_bytes: int  # the workload's resident memory at validate
     timeline: list[list[Any]]  # the agents' spans [what, from, to] (engine.breakdown.note)
     blackout_steps: dict[str, Any]  # the blackout split into its steps (engine.breakdown.steps)
     bytes_moved: int

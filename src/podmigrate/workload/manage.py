@@ -15,6 +15,7 @@ from typing import Any
 
 from podmigrate import layout, names
 from podmigrate.errors import PodmigrateError, UsageError
+from podmigrate.lab import cordon
 from podmigrate.lab.claims import Claims
 from podmigrate.lab.cluster import Lab, Report
 from podmigrate.lab.handle import LabHandle
@@ -126,6 +127,7 @@ def start(
         raise UsageError(
             f"there is no node {node!r} in lab {lab.name!r}", hint=f"its nodes are: {', '.join(lab.nodes)}"
         )
+    cordon.refuse_if_cordoned(lab, node, "starting a workload")
     inv = inventory(lab)
     taken = {c["name"] for cs in inv.values() for c in cs} | {c["pod"] for cs in inv.values() for c in cs}
     wanted = {name, f"{name}-server", f"{name}-sidecar"} if sidecar else {name}

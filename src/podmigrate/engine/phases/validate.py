@@ -148,6 +148,7 @@ def validate(ctx: Ctx) -> None:
             # values are read again from the source's container when the spec is used
             rec["spec"] = {**spec, "env": {k: REDACTED for k in spec.get("env") or {}}}
     rss = 0 if rec.get("scope") == "pod" else ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/memory")["rss_bytes"]
+    rec["rss_bytes"] = rss  # what the plan of an evacuation learns its rates from (engine.rates)
     check_fit(ctx, rss)
     # The target needs the container's base image; fetching it now keeps it out of the blackout.
     if rec.get("scope") == "pod":  # every member's own image, each by ID (a sidecar's may be local-only)

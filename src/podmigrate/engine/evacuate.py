@@ -1,0 +1,405 @@
+"""Empty a node before its deadline (``podmigrate evacuate``, a Spot notice): survey, plan, run, re-plan.
+
+The node is cordoned first (no workload starts or lands there again), then every running workload on
+it (containers, and pods as one) is surveyed: its resident memory, the targets' free memory and disk
+as their agents report them, the rates this lab's past migrations measured (``engine.rates``) and how
+much slower each of several concurrent migrations runs (``slowdowns``: from past evacuations, a
+default until there are some). ``engine.schedule`` plans from that; this module runs the plan, that
+many migrations at once, each one the engine's own ``controller.migrate`` in a thread (its claims,
+rollback and record are the single migration's). A migration that fails has rolled back (the
+workload serves on its node again); if its target failed (a target-side phase, or its agent stopped
+answering) that target takes no more workloads and everything not yet started is planned again on
+the others, with the time that is left; otherwise it is tried once more another way. Nothing is lost
+silently: every workload ends moved, restarted (state lost, said so), or not moved with the reason.
+A SIGINT or SIGTERM starts no more migrations and lets the running ones finish (a migration cut
+short would roll back, not evacuate). The record (``<lab>/evacuations/<id>.json``) keeps the plan,
+every re-plan and per workload what happened; past records teach ``slowdowns``.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import secrets
+import signal
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from collections.abc import Set as AbstractSet
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from podmigrate.engine import rates as rates_mod
+from podmigrate.engine import schedule
+from podmigrate.engine.controller import Plan, store_for
+from podmigrate.engine.controller import migrate as run_migration
+from podmigrate.engine.phases import Report
+from podmigrate.engine.record import Record
+from podmigrate.engine.schedule import EvacuationPlan, Rate, Step, Target, Workload
+from podmigrate.errors import PodmigrateError, UsageError
+from podmigrate.lab import cordon
+from podmigrate.lab.handle import LabHandle
+
+Migrate = Callable[[LabHandle, Plan, Report], Record]
+SLOWDOWN = {1: 1.0, 2: 1.5}  # until past evacuations measured it: 2 cores, two CRIU dumps contend
+RESERVE = 0.15  # every step planned to end this fraction before the deadline
+TARGET_PHASES = {"page-server", "transfer", "pull", "restore", "start", "pages"}
+
+
+@dataclass
+class Outcome:
+    """One workload's evacuation, as the progress display and the end table show it."""
+
+    workload: str
+    kind: str
+    memory: int
+    source: str
+    pod: str | None = None
+    status: str = "waiting"  # waiting | running | moved | restarted | failed | lost
+    doing: str = ""
+    mode: str | None = None
+    transport: str | None = None
+    target: str | None = None
+    migration: str | None = None
+    attempts: int = 0
+    started_at_s: float | None = None
+    finished_at_s: float | None = None
+    predicted_s: float | None = None  # alone, before slowdown: what ``slowdowns`` learns from
+    took_s: float | None = None
+    blackout_s: float | None = None
+    bytes_moved: int | None = None
+    state: str | None = None  # kept | lost (from the migration's own check)
+    why: str = ""
+
+    @property
+    def label(self) -> str:
+        return f"pod {self.pod}" if self.pod else self.workload
+
+
+def survey(lab: LabHandle, node: str) -> list[Workload]:
+    """The running workloads on ``node``: each container, each pod once (by its first member)."""
+    if node not in lab.nodes:
+        raise UsageError(
+            f"there is no node {node!r} in lab {lab.name!r}", hint=f"its nodes are: {', '.join(lab.nodes)}"
+        )
+    agent = lab.agent(node)
+    try:
+        running = [c for c in agent.get("/v1/containers") if c["state"] == "running"]
+        pods = {c["pod"]: agent.get(f"/v1/pods/{c['pod']}") for c in running if c["pod"]}
+        alone = sorted(c["name"] for c in running if not c["pod"])
+        members = [m for p in pods.values() for m in p["members"]]
+        mem = {n: int(agent.get(f"/v1/containers/{n}/memory")["rss_bytes"]) for n in alone + members}
+    finally:
+        agent.close()
+    out = [Workload(n, mem[n], source=node) for n in alone]
+    for pod in sorted(pods.values(), key=lambda p: p["name"]):
+        if pod["members"]:  # a pod of its infra alone has nothing to move
+            out.append(Workload(pod["members"][0], sum(mem[m] for m in pod["members"]), "pod", pod["name"], node))
+    return out
+
+
+def targets(lab: LabHandle, names: list[str]) -> tuple[list[Target], dict[str, str]]:
+    """Free memory and disk of each node in ``names`` that answers; the others with why not."""
+    found: list[Target] = []
+    down: dict[str, str] = {}
+    for n in names:
+        try:
+            agent = lab.agent(n, timeout=10)
+            try:
+                info = agent.get("/v1/info")
+            finally:
+                agent.close()
+        except PodmigrateError as e:
+            down[n] = e.message
+            continue
+        found.append(Target(n, int(info.get("mem_available_bytes") or 0), int(info.get("disk_free_bytes") or 0)))
+    return found, down
+
+
+def records_dir(lab: LabHandle) -> Path:
+    d = lab.dir / "evacuations"
+    d.mkdir(mode=0o700, exist_ok=True)
+    return d
+
+
+def slowdowns(lab: LabHandle, rates: dict[str, Rate]) -> tuple[dict[int, float], str]:
+    """Per number of concurrent migrations, how much longer each took than ``rates`` (what is known
+    now, not what was at the time) predict alone, relative to one at a time (medians over past
+    evacuations); defaults for what none measured."""
+    seen: dict[int, list[float]] = {}
+    for p in sorted(records_dir(lab).glob("ev-*.json")):
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        k = int(rec.get("parallel") or 1)
+        for w in rec.get("workloads", []):
+            r = rates.get(rates_mod.way(w))
+            if w.get("status") == "moved" and w.get("took_s") and r is not None:
+                seen.setdefault(k, []).append(w["took_s"] / r.total(int(w["memory"])))
+    if 1 not in seen:
+        measured = {k: v for k, v in seen.items() if len(v) >= 2}
+        return {**SLOWDOWN, **{k: statistics.median(v) for k, v in measured.items()}}, (
+            f"default {SLOWDOWN}" + (f", measured for {sorted(measured)}" if measured else "")
+        )
+    one = statistics.median(seen[1])
+    out = dict(SLOWDOWN) | {k: max(1.0, statistics.median(v) / one) for k, v in seen.items() if len(v) >= 2}
+    return out, "measured: " + ", ".join(f"{k} at once from {len(v)} migrations" for k, v in sorted(seen.items()))
+
+
+@contextmanager
+def exclusive(lab: LabHandle, node: str) -> Iterator[None]:
+    """One evacuation of a node at a time, across processes (the lock goes with the process)."""
+    path = records_dir(lab) / f"{node}.lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError(
+                f"{node} is already being evacuated (pid {os.pread(fd, 16, 0).decode().strip() or '?'})",
+                hint="wait for it to finish; it cordoned the node already",
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _gentle_signals(on_signal: Callable[[str], None]) -> Iterator[None]:
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: object) -> None:
+        on_signal(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+class Evacuation:
+    """Plan (``plan``) and run (``run``) the evacuation of ``node`` within ``deadline_s`` seconds."""
+
+    def __init__(
+        self,
+        lab: LabHandle,
+        node: str,
+        deadline_s: float = 120.0,
+        to: list[str] | None = None,
+        parallel: int | None = None,
+        report: Report = lambda _m: None,
+        progress: Callable[[Evacuation], None] = lambda _e: None,
+        migrate: Migrate = run_migration,
+    ):
+        if deadline_s <= 0:
+            raise UsageError(f"the deadline must be in the future, not {deadline_s} s", hint="give --deadline SECONDS")
+        unknown = sorted(set(to or []) - set(lab.nodes))
+        if unknown or node in (to or []):
+            raise UsageError(
+                f"cannot evacuate {node} to {', '.join(unknown) or node}: "
+                + ("no such node" if unknown else "it is the node being emptied"),
+                hint=f"the lab's nodes are: {', '.join(lab.nodes)}",
+            )
+        self.lab, self.node, self.deadline_s = lab, node, deadline_s
+        self.to = [n for n in (to or lab.nodes) if n != node and n != "lan"]
+        self.forced = parallel
+        self.report, self.progress, self.migrate = report, progress, migrate
+        self.id = "ev-" + time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+        self.t0 = time.monotonic()
+        self.outcomes: dict[str, Outcome] = {}
+        self.failed_targets: dict[str, str] = {}
+        self.replans: list[dict[str, Any]] = []
+        self.stopping: str | None = None
+        self.rates: dict[str, Rate] = {}
+        self.slow: dict[int, float] = {}
+        self.slow_basis = ""
+        self.first: EvacuationPlan | None = None
+
+    # ----------------------------------------------------------------------------- planning
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def plan(self) -> EvacuationPlan:
+        """Survey and plan; nothing changes (``--dry-run`` stops here)."""
+        workloads = survey(self.lab, self.node)
+        self.rates = rates_mod.learn(store_for(self.lab).list(limit=500))
+        self.slow, self.slow_basis = slowdowns(self.lab, self.rates)
+        if self.forced:
+            self.slow = {self.forced: self.slow.get(self.forced, max(self.slow.values()))}
+        for w in workloads:
+            self.outcomes.setdefault(w.name, Outcome(w.name, w.kind, w.memory, w.source, w.pod))
+        self.first = self._plan(workloads, self.deadline_s, self.slow)
+        return self.first
+
+    def _plan(
+        self, ws: list[Workload], left_s: float, slow: dict[int, float], skip: AbstractSet[str] = frozenset()
+    ) -> EvacuationPlan:
+        usable = [n for n in self.to if n not in self.failed_targets and n not in cordon.cordoned(self.lab)]
+        ts, down = targets(self.lab, usable)
+        for n, why in down.items():
+            self.failed_targets[n] = f"its agent does not answer: {why}"
+        rates = {k: r for k, r in self.rates.items() if k not in skip and k != rates_mod.PARK}
+        return schedule.plan(ws, ts, rates, left_s, slow, cold=self.rates.get(rates_mod.COLD), reserve=RESERVE)
+
+    def _replan(self, ws: list[Workload], why: str, skip: AbstractSet[str] = frozenset()) -> list[Step]:
+        now = self.elapsed()
+        k = self.parallel
+        p = self._plan(ws, self.deadline_s - now, {k: self.slow.get(k, 1.0)}, skip)
+        for s in p.steps:
+            s.start_s, s.end_s = s.start_s + now, s.end_s + now
+        self.replans.append({"at_s": round(now, 3), "why": why, "plan": p.to_dict()})
+        self.report(f"re-planned at T+{now:.1f} s: {why}")
+        return p.steps
+
+    @property
+    def parallel(self) -> int:
+        return self.first.parallel if self.first else 1
+
+    # ------------------------------------------------------------------------------ running
+    def run(self) -> dict[str, Any]:
+        """Cordon, plan, move; the evacuation's record (also saved under ``<lab>/evacuations``)."""
+        with exclusive(self.lab, self.node):
+            cordon.cordon(self.lab, self.node, f"evacuated by {self.id}")
+            first = self.plan()
+            self.report(f"plan: {len(first.steps)} workloads, {first.parallel} at a time, "
+                        f"predicted empty at T+{first.end_s:.1f} s of {self.deadline_s:.0f} s")  # fmt: skip
+            with _gentle_signals(self._stop), ThreadPoolExecutor(max(1, first.parallel), "evacuate") as pool:
+                self._loop(pool, list(first.steps))
+            return self._finish()
+
+    def _stop(self, name: str) -> None:
+        if self.stopping:
+            raise KeyboardInterrupt(name)  # a second one: leave the running ones to `podmigrate gc`
+        self.stopping = name
+        self.report(f"{name}: starting no more migrations; the running ones finish (send it again to leave them)")
+
+    def _loop(self, pool: ThreadPoolExecutor, queue: list[Step]) -> None:
+        running: dict[Future[Record], tuple[Step, Outcome]] = {}
+        while queue or running:
+            while queue and len(running) < self.parallel and not self.stopping:
+                step = queue.pop(0)
+                o = self.outcomes[step.workload]
+                if step.action in ("lost", "park"):  # parking is planned out (see _plan): lost with why
+                    o.status, o.why = "lost", step.why
+                    continue
+                if self.elapsed() + (step.end_s - step.start_s) > self.deadline_s:
+                    queue = self._replan([self._workload(o)], f"{o.label} would end after the deadline") + queue
+                    continue
+                o.status, o.mode, o.transport, o.target = "running", step.mode, step.transport, step.target
+                o.attempts += 1
+                o.started_at_s, o.why = self.elapsed(), step.why
+                o.predicted_s = self.rates[self._way(step)].total(step.memory)
+                running[pool.submit(self._one, step, o)] = (step, o)
+            self.progress(self)
+            if not running:
+                break
+            done, _ = wait(running, timeout=0.25, return_when=FIRST_COMPLETED)
+            for f in done:
+                step, o = running.pop(f)
+                queue = self._settle(f, step, o, queue)
+        for step in queue:
+            o = self.outcomes[step.workload]
+            o.status, o.why = "failed", f"not started: {self.stopping}; it still runs on {o.source}"
+        self.progress(self)
+
+    def _one(self, step: Step, o: Outcome) -> Record:
+        def note(msg: str) -> None:
+            o.doing = msg[:80]
+
+        assert step.target and step.mode and step.transport
+        plan = Plan(step.workload, step.target, step.mode, step.transport if step.mode != "cold" else "stream")
+        return self.migrate(self.lab, plan, note)
+
+    def _settle(self, f: Future[Record], step: Step, o: Outcome, queue: list[Step]) -> list[Step]:
+        o.finished_at_s = self.elapsed()
+        o.took_s = o.finished_at_s - (o.started_at_s or 0.0)
+        o.doing = ""
+        err = f.exception()
+        if err is None:
+            done = f.result()
+            o.status = "restarted" if step.mode == "cold" else "moved"
+            o.migration, o.blackout_s = done["id"], done.get("blackout_s")
+            o.bytes_moved, o.state = done.get("bytes_moved"), done.get("state")
+            return queue
+        rec: dict[str, Any] = getattr(err, "details", {}).get("record") or {}
+        o.migration = rec.get("id")
+        message = err.message if isinstance(err, PodmigrateError) else repr(err)
+        assert step.target
+        if rec.get("status") not in (None, "rolled_back"):
+            o.status, o.why = "failed", f"{message} (its record {o.migration} says where it is)"
+            return queue
+        if rec.get("phase") in TARGET_PHASES or not targets(self.lab, [step.target])[0]:
+            self.failed_targets[step.target] = f"{rec.get('phase') or 'a request'} failed: {message}"
+            self.report(f"{step.target} failed ({message}); it takes no more workloads")
+            rest = [self._workload(self.outcomes[s.workload]) for s in queue if s.action != "lost"]
+            lost = [s for s in queue if s.action == "lost"]
+            return self._replan([self._workload(o), *rest], f"{step.target} failed") + lost
+        if o.attempts >= 2:
+            o.status, o.why = "failed", f"{message}; rolled back, it still runs on {o.source}"
+            return queue
+        o.status = "waiting"
+        return self._replan([self._workload(o)], f"{o.label}: {message}", skip={self._way(step)}) + queue
+
+    @staticmethod
+    def _way(step: Step) -> str:
+        return rates_mod.COLD if step.mode == "cold" else f"{step.mode}/{step.transport}"
+
+    @staticmethod
+    def _workload(o: Outcome) -> Workload:
+        return Workload(o.workload, o.memory, o.kind, o.pod, o.source)
+
+    def _finish(self) -> dict[str, Any]:
+        left = [w.pod or w.name for w in survey(self.lab, self.node)]
+        moved = [o for o in self.outcomes.values() if o.status in ("moved", "restarted")]
+        emptied = round(max((o.finished_at_s or 0.0 for o in moved), default=0.0), 3)
+        blackouts = [o.blackout_s for o in moved if o.blackout_s is not None]
+        assert self.first is not None
+        rec = {
+            "id": self.id,
+            "node": self.node,
+            "deadline_s": self.deadline_s,
+            "parallel": self.parallel,
+            "finished_at": time.time(),
+            "empty": not left,
+            "left_running": left,
+            "time_to_empty_s": emptied,
+            "median_blackout_s": round(statistics.median(blackouts), 3) if blackouts else None,
+            "state_kept": sum(o.state == "kept" for o in moved),
+            "interrupted_by": self.stopping,
+            "failed_targets": self.failed_targets,
+            "rates": {k: r.basis for k, r in self.rates.items()},
+            "slowdown": {"factors": self.slow, "basis": self.slow_basis},
+            "plan": self.first.to_dict(),
+            "replans": self.replans,
+            "workloads": [asdict(o) | {"label": o.label} for o in self.outcomes.values()],
+        }
+        rec["met_deadline"] = not left and emptied <= self.deadline_s
+        path = records_dir(self.lab) / f"{self.id}.json"
+        path.write_text(json.dumps(rec, indent=2, default=str) + "\n")
+        return rec
+
+
+def dry_run(ev: Evacuation) -> dict[str, Any]:
+    """The plan alone, as ``--dry-run`` prints it."""
+    p = ev.plan()
+    return {
+        "node": ev.node,
+        "dry_run": True,
+        "rates": {k: r.basis for k, r in ev.rates.items()},
+        "slowdown": {"factors": ev.slow, "basis": ev.slow_basis},
+        "plan": p.to_dict(),
+        "workloads": [asdict(o) | {"label": o.label} for o in ev.outcomes.values()],
+    }

@@ -1,0 +1,78 @@
+"""What moving a workload costs here, learned from this lab's past migrations (``engine.schedule``'s
+``Rate``s): per mode and transport, a straight line through (resident bytes, seconds until the
+source was no longer needed) and through (resident bytes, blackout) of the completed migrations.
+
+With migrations of sizes spanning 4x or more the line is fitted (least squares); otherwise the default's slope
+through their median (see ``_line``); with none, the default: this lab's figures from
+issue 14's benchmark (README), marked as such in ``basis`` so that a plan shows what it rests on.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from podmigrate.engine.schedule import GB, Rate
+
+# (fixed s, bytes per s, blackout fixed s, blackout bytes per s or None): 2-core VM, security on
+DEFAULTS: dict[str, tuple[float, float, float, float | None]] = {
+    "lazy/stream": (1.5, 1.2 * GB, 0.45, None),
+    "stop-copy/stream": (1.8, 0.28 * GB, 0.6, 0.3 * GB),
+    "stop-copy/archive": (2.0, 0.12 * GB, 0.6, 0.12 * GB),
+    "stop-copy/registry": (2.5, 0.1 * GB, 0.8, 0.1 * GB),
+    "cold/none": (1.5, 100 * GB, 0.5, None),  # the fallback: a fresh start, whatever the memory
+}
+PARK = "stop-copy/registry"  # a parked workload: checkpoint and push, no restore
+COLD = "cold/none"
+
+
+def way(rec: Mapping[str, Any]) -> str:
+    return "cold/none" if rec.get("mode") == "cold" else f"{rec.get('mode')}/{rec.get('transport')}"
+
+
+def _span(rec: Mapping[str, Any]) -> float | None:
+    """Seconds from the first phase's start to the last one the source was needed for (not cleanup)."""
+    phases = [p for p in rec.get("phases") or [] if p.get("ended") and p["name"] != "cleanup"]
+    if not phases:
+        return None
+    return float(max(p["ended"] for p in phases) - min(p["started"] for p in phases))
+
+
+def _line(points: list[tuple[float, float]], per: float | None) -> tuple[float, float | None]:
+    """(fixed s, bytes per s) through the points. A slope only from 3 or more migrations whose
+    sizes span 4x or more (two small ones close together extrapolate their noise to a gigabyte);
+    otherwise the default's slope (``per``) through the points' median; a default that does not
+    grow (lazy's blackout) stays flat, at the points' median."""
+    xs, ys = [x for x, _ in points], [y for _, y in points]
+    if per is None:
+        return statistics.median(ys), None
+    if len(points) >= 3 and min(xs) > 0 and max(xs) / min(xs) >= 4:
+        slope, intercept = statistics.linear_regression(xs, ys)
+        if slope > 0:
+            return max(0.0, intercept), 1 / slope
+    x, y = statistics.median(xs), statistics.median(ys)
+    return max(0.0, y - x / per), per  # the default's slope through this lab's point
+
+
+def learn(records: Iterable[Mapping[str, Any]]) -> dict[str, Rate]:
+    """Rates from completed migrations (records of ``engine.record``), defaults where there are none."""
+    seen: dict[str, list[tuple[float, float, float]]] = {}
+    for rec in records:
+        if rec.get("status") != "completed" or rec.get("scope") == "pod" or not rec.get("rss_bytes"):
+            continue
+        span, blackout = _span(rec), rec.get("blackout_s")
+        if span is None or blackout is None:
+            continue
+        seen.setdefault(way(rec), []).append((float(rec["rss_bytes"]), span, blackout))
+    out: dict[str, Rate] = {}
+    for w, (fixed, bps, bfixed, bbps) in DEFAULTS.items():
+        mode, transport = w.split("/")
+        pts = seen.get(w)
+        if not pts:
+            out[w] = Rate(mode, transport, fixed, bps, bfixed, bbps, "default: this lab's figures (issue 14)")
+            continue
+        f, per = _line([(x, s) for x, s, _ in pts], bps)
+        bf, bper = _line([(x, b) for x, _, b in pts], bbps)
+        out[w] = Rate(mode, transport, f, per or bps, bf, bper, f"measured: {len(pts)} migrations")
+    return out

@@ -1,0 +1,268 @@
+"""An evacuation's plan: which workload goes where, how, in what order and how many at once, so that
+a node is empty before its deadline with the least total blackout (pure: no lab, no I/O).
+
+Inputs are what the controller knows: each workload's resident memory, each target's free memory
+and disk, and per way of moving (mode and transport) a linear model of its time and its blackout
+(``Rate``: fixed seconds plus bytes over a rate, measured from past migrations by
+``engine.rates`` or, when there are none, a default that says so). Running several at once on a
+2-core machine is not free: ``slowdown[k]`` is how much longer each of ``k`` concurrent migrations
+takes than it would alone; the plan tries each ``k`` and keeps the best (``_rank``): least lost,
+then the least total blackout that still meets the deadline.
+
+Per workload, longest first (by its least-blackout way's time: the longest jobs first keep the
+lanes even): the ways it can move with its state, least blackout first, on the target with the most
+memory left that holds it; the first way that ends in time is taken. A workload no target can hold,
+or that no way moves in time, is *parked* (checkpointed into the registry, restorable later) if that
+ends in time, else restarted cold from its image on a target (the service stays, its state does
+not), else reported *lost* with the reason. "In time" is ``reserve`` (a fraction of the deadline)
+before it: the rates are medians and this machine's timings are noisy. Neighbours:
+``engine.evacuate`` runs a plan and re-plans when a target fails; ``engine.rates`` makes the rates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+MARGIN = 256 << 20  # what a target keeps for itself beyond its copies (as engine.phases.fit)
+GB = 1 << 30
+
+
+@dataclass(frozen=True)
+class Workload:
+    name: str
+    memory: int  # resident bytes: what a restore writes
+    kind: str = "container"  # or "pod" (pods move by stop-copy/archive only)
+    pod: str | None = None  # a pod's name (``name`` is the member that moving the pod is asked by)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    memory_free: int
+    disk_free: int
+
+
+@dataclass(frozen=True)
+class Rate:
+    """How long one way of moving takes, and its blackout, for ``b`` bytes: fixed + b / per-second."""
+
+    mode: str
+    transport: str
+    fixed_s: float
+    bytes_per_s: float
+    blackout_fixed_s: float
+    blackout_bytes_per_s: float | None  # None: the blackout does not grow with the memory (lazy)
+    basis: str  # "measured: N migrations" or "default: ..."
+
+    @property
+    def way(self) -> str:
+        return f"{self.mode}/{self.transport}"
+
+    def total(self, nbytes: int) -> float:
+        return self.fixed_s + nbytes / self.bytes_per_s
+
+    def blackout(self, nbytes: int) -> float:
+        grows = nbytes / self.blackout_bytes_per_s if self.blackout_bytes_per_s else 0.0
+        return self.blackout_fixed_s + grows
+
+
+@dataclass
+class Step:
+    workload: str
+    memory: int
+    action: str  # migrate | park | restart (cold: state lost) | lost
+    target: str | None = None
+    mode: str | None = None
+    transport: str | None = None
+    lane: int | None = None
+    start_s: float = 0.0
+    end_s: float = 0.0
+    blackout_s: float = 0.0
+    why: str = ""
+
+
+@dataclass
+class EvacuationPlan:
+    deadline_s: float
+    parallel: int
+    reserve: float = 0.0
+    steps: list[Step] = field(default_factory=list)
+    considered: dict[int, float] = field(default_factory=dict)  # parallel -> predicted end
+
+    @property
+    def end_s(self) -> float:
+        return max((s.end_s for s in self.steps if s.action != "lost"), default=0.0)
+
+    @property
+    def total_blackout_s(self) -> float:
+        return sum(s.blackout_s for s in self.steps if s.action == "migrate")
+
+    @property
+    def fits(self) -> bool:
+        return all(s.action == "migrate" for s in self.steps) and self.end_s <= self.deadline_s
+
+    def count(self, action: str) -> int:
+        return sum(s.action == action for s in self.steps)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "deadline_s": self.deadline_s,
+            "parallel": self.parallel,
+            "reserve": self.reserve,
+            "predicted_end_s": round(self.end_s, 3),
+            "total_blackout_s": round(self.total_blackout_s, 3),
+            "fits": self.fits,
+            "considered": {str(k): round(v, 3) for k, v in self.considered.items()},
+            "steps": [asdict(s) for s in self.steps],
+        }
+
+
+def ways_for(w: Workload, rates: Mapping[str, Rate]) -> list[Rate]:
+    """The ways ``w`` can move with its state, least blackout first (not decoupled: what the source
+    changes after its checkpoint would be lost; pods: stop-copy, every member's archive)."""
+    if w.kind == "pod":
+        wanted = [r for r in rates.values() if r.mode == "stop-copy" and r.transport == "archive"]
+    else:
+        wanted = [r for r in rates.values() if r.mode in ("lazy", "stop-copy") and r.transport != "archive"]
+    return sorted(wanted, key=lambda r: (r.blackout(w.memory), r.total(w.memory)))
+
+
+Pick = Callable[[Workload], list[Rate]]  # the ways to try for a workload, in order
+
+
+def _fastest(w: Workload, rates: Mapping[str, Rate]) -> list[Rate]:
+    return sorted(ways_for(w, rates), key=lambda r: (r.total(w.memory), r.blackout(w.memory)))
+
+
+def _one(
+    workloads: Sequence[Workload],
+    targets: Sequence[Target],
+    rates: Mapping[str, Rate],
+    deadline_s: float,
+    parallel: int,
+    slowdown: float,
+    park: Rate | None,
+    cold: Rate | None,
+    reserve: float,
+    pick: Pick,
+) -> EvacuationPlan:
+    plan = EvacuationPlan(deadline_s, parallel, reserve)
+    until = deadline_s * (1 - reserve)
+    lanes = [0.0] * parallel
+    room = {t.name: [t.memory_free - MARGIN, t.disk_free - MARGIN] for t in targets}
+    first = {w.name: pick(w)[:1] for w in workloads}
+    for w in sorted(workloads, key=lambda w: -(first[w.name][0].total(w.memory) if first[w.name] else 0.0)):
+        lane = min(range(parallel), key=lambda i: lanes[i])
+        start = lanes[lane]
+        holders = [t for t, (mem, disk) in room.items() if mem >= w.memory * 1.1 and disk >= 2 * w.memory]
+        step: Step | None = None
+        if not holders:
+            why = f"no target has {w.memory * 1.1 / GB:.2f} GiB of memory and {2 * w.memory / GB:.2f} GiB of disk left"
+        else:
+            target = max(holders, key=lambda t: room[t][0])
+            why = "no way of moving it ends before the deadline"
+            for r in pick(w):
+                end = start + r.total(w.memory) * slowdown
+                if end <= until:
+                    step = Step(w.name, w.memory, "migrate", target, r.mode, r.transport, lane, start, end,
+                                r.blackout(w.memory) * slowdown)  # fmt: skip
+                    room[target][0] -= int(w.memory * 1.1)
+                    room[target][1] -= 2 * w.memory
+                    break
+        if step is None and park is not None and start + park.total(w.memory) * slowdown <= until:
+            end = start + park.total(w.memory) * slowdown
+            step = Step(w.name, w.memory, "park", None, park.mode, park.transport, lane, start, end,
+                        why=f"{why}: checkpointed into the registry instead, restorable later")  # fmt: skip
+        restart_on = [t for t, (mem, _) in room.items() if mem >= 64 << 20]
+        if step is None and cold is not None and restart_on and start + cold.total(w.memory) * slowdown <= until:
+            end = start + cold.total(w.memory) * slowdown
+            target = max(restart_on, key=lambda t: room[t][0])
+            lost_why = f"{why}: restarted from its image, its state lost"
+            step = Step(w.name, w.memory, "restart", target, cold.mode, cold.transport, lane, start, end,
+                        cold.blackout(w.memory) * slowdown, lost_why)  # fmt: skip
+        if step is None:
+            step = Step(w.name, w.memory, "lost", why=f"{why}, and no fallback ends in time either")
+        else:
+            lanes[lane] = step.end_s
+        plan.steps.append(step)
+    return plan
+
+
+def _rank(p: EvacuationPlan) -> tuple[int, int, int, float, float]:
+    """Fewer lost, then fewer restarted (state lost), then fewer parked, then less total blackout
+    (contention lengthens every blackout), then empty sooner."""
+    return (p.count("lost"), p.count("restart"), p.count("park"), round(p.total_blackout_s, 2), p.end_s)
+
+
+def _search(
+    ws: Sequence[Workload],
+    ts: Sequence[Target],
+    rates: Mapping[str, Rate],
+    deadline_s: float,
+    k: int,
+    slowdown: float,
+    park: Rate | None,
+    cold: Rate | None,
+    reserve: float,
+) -> EvacuationPlan:
+    """For ``k`` lanes: the greedy plan (each workload its least-blackout way that ends in time),
+    or, if that loses more, the fastest ways (the most that can end in time) with the slack then
+    spent on less blackout: each workload switched to a way of less blackout, the biggest savings
+    first, wherever the plan still moves as much."""
+
+    def run(pick: Pick) -> EvacuationPlan:
+        return _one(ws, ts, rates, deadline_s, k, slowdown, park, cold, reserve, pick)
+
+    greedy = run(lambda w: ways_for(w, rates))
+    chosen = {w.name: ways[0] for w in ws if (ways := _fastest(w, rates))}
+    best = run(lambda w: [chosen[w.name]] if w.name in chosen else [])
+    if _rank(greedy)[:3] <= _rank(best)[:3]:
+        return greedy
+    by = {w.name: w for w in ws}
+    saving = sorted(
+        (
+            (chosen[n].blackout(by[n].memory) - r.blackout(by[n].memory), n, r)
+            for n in chosen
+            for r in ways_for(by[n], rates)
+        ),
+        key=lambda t: -t[0],
+    )
+    for gain, n, r in saving:
+        if gain <= 0 or r.blackout(by[n].memory) >= chosen[n].blackout(by[n].memory):
+            continue
+        trial = {**chosen, n: r}
+        p = run(lambda w, t=trial: [t[w.name]] if w.name in t else [])  # type: ignore[misc]
+        moved = {x.workload for x in best.steps if x.action == "migrate"}
+        if moved <= {x.workload for x in p.steps if x.action == "migrate"} and _rank(p)[:3] <= _rank(best)[:3]:
+            chosen, best = trial, p  # everything that moved still moves, with less blackout
+    return best
+
+
+def plan(
+    workloads: Iterable[Workload],
+    targets: Iterable[Target],
+    rates: Mapping[str, Rate],
+    deadline_s: float,
+    slowdown: Mapping[int, float] | None = None,
+    park: Rate | None = None,
+    cold: Rate | None = None,
+    reserve: float = 0.0,
+) -> EvacuationPlan:
+    """The best plan (``_rank``) among the parallelisms in ``slowdown`` ({1: 1.0} if none); its
+    steps in the order they start."""
+    ws, ts = list(workloads), list(targets)
+    slow = dict(slowdown or {1: 1.0})
+    best: EvacuationPlan | None = None
+    considered: dict[int, float] = {}
+    for k in sorted(slow):
+        p = _search(ws, ts, rates, deadline_s, k, slow[k], park, cold, reserve)
+        considered[k] = p.end_s
+        if best is None or _rank(p) < _rank(best):
+            best = p
+    assert best is not None
+    best.considered = considered
+    best.steps.sort(key=lambda s: (s.start_s, s.lane if s.lane is not None else 99))
+    return best
