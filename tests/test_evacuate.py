@@ -11,6 +11,7 @@ import pytest
 from podmigrate.engine import controller
 from podmigrate.engine.controller import Plan, migrate
 from podmigrate.engine.evacuate import Evacuation, dry_run
+from podmigrate.engine.schedule import GB
 from podmigrate.errors import UsageError
 from podmigrate.lab import cordon
 from tests.fake_lab import FakeLab, World
@@ -92,3 +93,54 @@ def test_bad_requests_are_refused_before_anything_changes(lab: FakeLab) -> None:
     with pytest.raises(UsageError, match="no node 'node-q'"):
         dry_run(Evacuation(lab, "node-q"))
     assert cordon.cordoned(lab) == set()
+
+
+def test_how_much_slower_two_at_once_are_is_learned_per_mode_from_past_evacuations(lab: FakeLab) -> None:
+    from podmigrate.engine.evacuate import records_dir, slowdowns
+    from podmigrate.engine.rates import learn
+
+    rates = learn([])  # the defaults: what the ratios are taken against
+    mb = 256 << 20
+
+    def rec(k: int, mode: str, transport: str, took: list[float]) -> dict[str, object]:
+        ws = [{"status": "moved", "mode": mode, "transport": transport, "memory": mb, "took_s": t} for t in took]
+        return {"parallel": k, "workloads": ws}
+
+    alone_sc = rates["stop-copy/stream"].total(mb)
+    alone_lazy = rates["lazy/stream"].total(mb)
+    past = [
+        rec(1, "stop-copy", "stream", [alone_sc] * 2),
+        rec(2, "stop-copy", "stream", [2 * alone_sc] * 2),
+        rec(1, "lazy", "stream", [alone_lazy] * 2),
+        rec(2, "lazy", "stream", [1.2 * alone_lazy] * 3),
+    ]
+    for i, r in enumerate(past):
+        (records_dir(lab) / f"ev-{i}.json").write_text(json.dumps(r))
+    factors, basis = slowdowns(lab, rates)
+    assert factors[1] == 1.0
+    assert factors[2] == {"*": 1.5, "stop-copy": pytest.approx(2.0), "lazy": pytest.approx(1.2)}
+    assert basis.startswith("measured:") and "stop-copy 2 at once 2.0x (2 vs 2 alone)" in basis
+
+
+def test_the_evacuation_benchmark_reads_its_workload_set_and_tabulates_runs() -> None:
+    from podmigrate.bench.evacuate import markdown, parse_set, table
+
+    assert [(mb, pod) for _, mb, pod in parse_set("2x256,1x1024,pod64")] == [(256, False)] * 2 + [
+        (1024, False),
+        (64, True),
+    ]
+    with pytest.raises(Exception, match="not a workload set entry"):
+        parse_set("lots")
+    w = {"memory": GB, "mode": "lazy", "transport": "stream", "blackout_s": 0.4}
+    runs = (("planned", 12.0, True), ("planned", 20.0, True), ("sequential", 40.0, False))
+
+    def rec(t: float) -> dict[str, object]:
+        return {"empty": True, "time_to_empty_s": t, "parallel": 1, "workloads": [w]}
+
+    rows = [{"variant": v, "kept": {"a": ok}, "record": rec(t)} for v, t, ok in runs]
+    tab = table(rows)
+    assert tab["planned"]["time_to_empty_s"] == {"median": 16.0, "min": 12.0, "max": 20.0}
+    assert tab["planned"]["met"] == {"120": 2, "30": 2, "15": 1} and tab["sequential"]["state_kept"] == "0/1 runs"
+    md = markdown({"workloads": "x", "resident_bytes": GB, "runs": 2, "deadline_s": 120, "when": "now",
+                   "variants": tab, "study_1gb_s": 36.8})  # fmt: skip
+    assert "| planned | 1 | lazy/stream | 2/2 | 16.0 s (12.0-20.0) | 0.400 s | 2/2 runs | 2 / 2 / 1 of 2 |" in md

@@ -44,9 +44,15 @@ def test_at_the_deadline_what_is_still_on_the_node_is_stopped_and_reported(lab: 
         posted = notice.post(lab, "node-a", 2)
         assert notice.notices(lab)["node-a"]["time"] == posted["instance_action"]["time"]
         gone = wait_for(lambda: notice.terminated(lab, "node-a"), 60, "the node's deadline")
-        assert w["name"] in gone["stopped"]
+        assert w["name"] in gone["stopped"] and w["ip"] in gone["routes_removed"]
         states = {c["name"]: c["state"] for c in manage.inventory(lab)["node-a"]}
         assert states[w["name"]] != "running"
+        lan = lab.agent("lan")
+        try:
+            routed = {r["dst"] for r in lan.get("/v1/routes")}
+        finally:
+            lan.close()
+        assert w["ip"] not in routed
     finally:
         notice.withdraw(lab, "node-a")
     assert "node-a" not in notice.notices(lab)

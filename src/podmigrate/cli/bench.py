@@ -260,6 +260,28 @@ def bench_soak(ctx: click.Context, migrations: int, workloads: int, heap_mb: int
         sys.exit(2)
 
 
+@bench.command("evacuate")
+@click.option("--workloads", default="4x256,1x1024,pod64", show_default=True,
+              help="The node's workloads: COUNTxMB containers, podMB a pod with a sidecar.")  # fmt: skip
+@click.option("--runs", default=2, show_default=True, type=click.IntRange(1, 100), help="Per variant.")
+@click.option("--deadline", default=120.0, show_default=True, type=click.FloatRange(1, 3600))
+@click.option("--out", "out_dir", type=click.Path(), default=None, help="[default: results/evacuate-TIMESTAMP]")
+@click.pass_context
+def bench_evacuate(ctx: click.Context, workloads: str, runs: int, deadline: float, out_dir: str | None) -> None:
+    """A node of several workloads evacuated N times, as planned and one at a time, alternating
+    direction: time to empty against the 120/30/15 s deadlines, blackouts, every heap checked."""
+    import time
+    from pathlib import Path
+
+    from podmigrate.bench import evacuate as bench_ev
+
+    out_path = Path(out_dir or f"results/evacuate-{time.strftime('%Y%m%d-%H%M%S')}")
+    with status("Evacuation benchmark") as rep:
+        s = bench_ev.run(get_lab(ctx), out_path, workloads, runs, deadline, rep)
+    out.print(bench_ev.markdown(s))
+    err.print(f"results: {out_path}/ (evacuate.json, evacuate.md, evacuations.jsonl)")
+
+
 @bench.command("faults")
 @click.option("--heap-mb", default=16, show_default=True, type=click.IntRange(1, 65536))
 @click.option("--only", default=None, help="Comma-separated faults to run [default: all]: sigterm, controller-killed, "

@@ -39,7 +39,7 @@ from podmigrate.engine.controller import Plan, store_for
 from podmigrate.engine.controller import migrate as run_migration
 from podmigrate.engine.phases import Report
 from podmigrate.engine.record import Record
-from podmigrate.engine.schedule import EvacuationPlan, Rate, Step, Target, Workload
+from podmigrate.engine.schedule import EvacuationPlan, Factor, Rate, Step, Target, Workload
 from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.lab import cordon
 from podmigrate.lab.handle import LabHandle
@@ -126,11 +126,11 @@ def records_dir(lab: LabHandle) -> Path:
     return d
 
 
-def slowdowns(lab: LabHandle, rates: dict[str, Rate]) -> tuple[dict[int, float], str]:
-    """Per number of concurrent migrations, how much longer each took than ``rates`` (what is known
-    now, not what was at the time) predict alone, relative to one at a time (medians over past
-    evacuations); defaults for what none measured."""
-    seen: dict[int, list[float]] = {}
+def slowdowns(lab: LabHandle, rates: dict[str, Rate]) -> tuple[dict[int, Factor], str]:
+    """Per number of concurrent migrations and per mode, how much longer each took than ``rates``
+    (what is known now, not what was at the time) predict, relative to one at a time (medians over
+    past evacuations, 2 or more of each); the default for what none measured ("*")."""
+    seen: dict[tuple[int, str], list[float]] = {}
     for p in sorted(records_dir(lab).glob("ev-*.json")):
         try:
             rec = json.loads(p.read_text())
@@ -140,15 +140,20 @@ def slowdowns(lab: LabHandle, rates: dict[str, Rate]) -> tuple[dict[int, float],
         for w in rec.get("workloads", []):
             r = rates.get(rates_mod.way(w))
             if w.get("status") == "moved" and w.get("took_s") and r is not None:
-                seen.setdefault(k, []).append(w["took_s"] / r.total(int(w["memory"])))
-    if 1 not in seen:
-        measured = {k: v for k, v in seen.items() if len(v) >= 2}
-        return {**SLOWDOWN, **{k: statistics.median(v) for k, v in measured.items()}}, (
-            f"default {SLOWDOWN}" + (f", measured for {sorted(measured)}" if measured else "")
-        )
-    one = statistics.median(seen[1])
-    out = dict(SLOWDOWN) | {k: max(1.0, statistics.median(v) / one) for k, v in seen.items() if len(v) >= 2}
-    return out, "measured: " + ", ".join(f"{k} at once from {len(v)} migrations" for k, v in sorted(seen.items()))
+                seen.setdefault((k, str(w["mode"])), []).append(w["took_s"] / r.total(int(w["memory"])))
+    out: dict[int, Factor] = {1: 1.0}
+    notes: list[str] = []
+    for k in sorted({k for k, _ in seen} | set(SLOWDOWN)):
+        if k == 1:
+            continue
+        per: dict[str, float] = {"*": SLOWDOWN.get(k, 1.0 + 0.5 * (k - 1))}
+        for (kk, mode), v in sorted(seen.items()):
+            base = seen.get((1, mode), [])
+            if kk == k and len(v) >= 2 and len(base) >= 2:
+                per[mode] = round(max(1.0, statistics.median(v) / statistics.median(base)), 3)
+                notes.append(f"{mode} {k} at once {per[mode]}x ({len(v)} vs {len(base)} alone)")
+        out[k] = per
+    return out, "measured: " + "; ".join(notes) if notes else f"default: {SLOWDOWN} for every mode"
 
 
 @contextmanager
@@ -224,7 +229,7 @@ class Evacuation:
         self.replans: list[dict[str, Any]] = []
         self.stopping: str | None = None
         self.rates: dict[str, Rate] = {}
-        self.slow: dict[int, float] = {}
+        self.slow: dict[int, Factor] = {}
         self.slow_basis = ""
         self.first: EvacuationPlan | None = None
 
@@ -238,14 +243,14 @@ class Evacuation:
         self.rates = rates_mod.learn(store_for(self.lab).list(limit=500))
         self.slow, self.slow_basis = slowdowns(self.lab, self.rates)
         if self.forced:
-            self.slow = {self.forced: self.slow.get(self.forced, max(self.slow.values()))}
+            self.slow = {self.forced: self.slow.get(self.forced, 1.0 + 0.5 * (self.forced - 1))}
         for w in workloads:
             self.outcomes.setdefault(w.name, Outcome(w.name, w.kind, w.memory, w.source, w.pod))
         self.first = self._plan(workloads, self.deadline_s, self.slow)
         return self.first
 
     def _plan(
-        self, ws: list[Workload], left_s: float, slow: dict[int, float], skip: AbstractSet[str] = frozenset()
+        self, ws: list[Workload], left_s: float, slow: dict[int, Factor], skip: AbstractSet[str] = frozenset()
     ) -> EvacuationPlan:
         usable = [n for n in self.to if n not in self.failed_targets and n not in cordon.cordoned(self.lab)]
         ts, down = targets(self.lab, usable)

@@ -6,7 +6,8 @@ and disk, and per way of moving (mode and transport) a linear model of its time 
 (``Rate``: fixed seconds plus bytes over a rate, measured from past migrations by
 ``engine.rates`` or, when there are none, a default that says so). Running several at once on a
 2-core machine is not free: ``slowdown[k]`` is how much longer each of ``k`` concurrent migrations
-takes than it would alone; the plan tries each ``k`` and keeps the best (``_rank``): least lost,
+takes than it would alone (one factor, or one per mode: two CRIU dumps contend more than two
+post-copy tails); the plan tries each ``k`` and keeps the best (``_rank``): least lost,
 then the least total blackout that still meets the deadline.
 
 Per workload, longest first (by its least-blackout way's time: the longest jobs first keep the
@@ -131,6 +132,13 @@ def ways_for(w: Workload, rates: Mapping[str, Rate]) -> list[Rate]:
 
 
 Pick = Callable[[Workload], list[Rate]]  # the ways to try for a workload, in order
+Factor = float | Mapping[str, float]  # a slowdown: one for all, or per mode ("*": the others)
+
+
+def _f(slowdown: Factor, r: Rate) -> float:
+    if isinstance(slowdown, float | int):
+        return float(slowdown)
+    return float(slowdown.get(r.mode, slowdown.get("*", 1.0)))
 
 
 def _fastest(w: Workload, rates: Mapping[str, Rate]) -> list[Rate]:
@@ -143,7 +151,7 @@ def _one(
     rates: Mapping[str, Rate],
     deadline_s: float,
     parallel: int,
-    slowdown: float,
+    slowdown: Factor,
     park: Rate | None,
     cold: Rate | None,
     reserve: float,
@@ -165,24 +173,29 @@ def _one(
             target = max(holders, key=lambda t: room[t][0])
             why = "no way of moving it ends before the deadline"
             for r in pick(w):
-                end = start + r.total(w.memory) * slowdown
+                end = start + r.total(w.memory) * _f(slowdown, r)
                 if end <= until:
                     step = Step(w.name, w.memory, "migrate", target, r.mode, r.transport, lane, start, end,
-                                r.blackout(w.memory) * slowdown)  # fmt: skip
+                                r.blackout(w.memory) * _f(slowdown, r))  # fmt: skip
                     room[target][0] -= int(w.memory * 1.1)
                     room[target][1] -= 2 * w.memory
                     break
-        if step is None and park is not None and start + park.total(w.memory) * slowdown <= until:
-            end = start + park.total(w.memory) * slowdown
+        if step is None and park is not None and start + park.total(w.memory) * _f(slowdown, park) <= until:
+            end = start + park.total(w.memory) * _f(slowdown, park)
             step = Step(w.name, w.memory, "park", None, park.mode, park.transport, lane, start, end,
                         why=f"{why}: checkpointed into the registry instead, restorable later")  # fmt: skip
         restart_on = [t for t, (mem, _) in room.items() if mem >= 64 << 20]
-        if step is None and cold is not None and restart_on and start + cold.total(w.memory) * slowdown <= until:
-            end = start + cold.total(w.memory) * slowdown
+        if (
+            step is None
+            and cold is not None
+            and restart_on
+            and start + cold.total(w.memory) * _f(slowdown, cold) <= until
+        ):
+            end = start + cold.total(w.memory) * _f(slowdown, cold)
             target = max(restart_on, key=lambda t: room[t][0])
             lost_why = f"{why}: restarted from its image, its state lost"
             step = Step(w.name, w.memory, "restart", target, cold.mode, cold.transport, lane, start, end,
-                        cold.blackout(w.memory) * slowdown, lost_why)  # fmt: skip
+                        cold.blackout(w.memory) * _f(slowdown, cold), lost_why)  # fmt: skip
         if step is None:
             step = Step(w.name, w.memory, "lost", why=f"{why}, and no fallback ends in time either")
         else:
@@ -203,7 +216,7 @@ def _search(
     rates: Mapping[str, Rate],
     deadline_s: float,
     k: int,
-    slowdown: float,
+    slowdown: Factor,
     park: Rate | None,
     cold: Rate | None,
     reserve: float,
@@ -246,7 +259,7 @@ def plan(
     targets: Iterable[Target],
     rates: Mapping[str, Rate],
     deadline_s: float,
-    slowdown: Mapping[int, float] | None = None,
+    slowdown: Mapping[int, Factor] | None = None,
     park: Rate | None = None,
     cold: Rate | None = None,
     reserve: float = 0.0,

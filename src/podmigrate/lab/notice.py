@@ -3,9 +3,9 @@
 ``post`` puts EC2's instance-action document on the node (its agent serves it, ``agent.notice``) and
 starts the node's *terminator*: a process of the lab (in its cgroup: ``lab down`` ends it) that
 waits until the notice's time and then does what the cloud would, stopping every container still
-running on the node, and records what it stopped in ``<lab>/notices/<node>.json``: what had not
-moved by the deadline. ``notices`` reads every node's document (what ``podmigrate watch`` polls);
-``withdraw`` takes one back before its time.
+running on the node (their service routes go with it), and records what it stopped in
+``<lab>/notices/<node>.json``: what had not moved by the deadline. ``notices`` reads every node's
+document (what ``podmigrate watch`` polls); ``withdraw`` takes one back before its time.
 """
 
 from __future__ import annotations
@@ -110,7 +110,7 @@ def terminate(lab: LabHandle, node: str, at: float) -> dict[str, Any]:
     while (left := at - time.time()) > 0:
         time.sleep(min(left, 0.5))
     agent = lab.agent(node, timeout=60)
-    stopped, failed = [], {}
+    stopped, failed, addresses = [], {}, []
     try:
         for c in agent.get("/v1/containers"):
             if c["state"] != "running":
@@ -118,11 +118,20 @@ def terminate(lab: LabHandle, node: str, at: float) -> dict[str, Any]:
             try:
                 agent.post(f"/v1/containers/{c['name']}/stop", {"timeout": 1})
                 stopped.append(c["name"])
+                addresses += c["ips"]
             except PodmigrateError as e:
                 failed[c["name"]] = e.message
     finally:
         agent.close()
-    result = {"node": node, "terminated_at": time.time(), "deadline": at, "stopped": stopped, "failed": failed}
+    lan = lab.agent("lan")
+    try:  # the node is gone: its services' routes lead nowhere (the LAN forgets them)
+        for ip in addresses:
+            with contextlib.suppress(PodmigrateError):
+                lan.delete(f"/v1/routes/{ip}")
+    finally:
+        lan.close()
+    result = {"node": node, "terminated_at": time.time(), "deadline": at, "stopped": stopped, "failed": failed,
+              "routes_removed": addresses}  # fmt: skip
     path = _dir(lab) / f"{node}.json"
     path.write_text(json.dumps(result, indent=2) + "\n")
     return result
