@@ -45,7 +45,6 @@ from podmigrate.lab import cordon
 from podmigrate.lab.handle import LabHandle
 
 Migrate = Callable[[LabHandle, Plan, Report], Record]
-SLOWDOWN = {1: 1.0, 2: 1.5}  # until past evacuations measured it: 2 cores, two CRIU dumps contend
 RESERVE = 0.15  # every step planned to end this fraction before the deadline
 TARGET_PHASES = {"page-server", "transfer", "pull", "restore", "start", "pages"}
 
@@ -127,33 +126,8 @@ def records_dir(lab: LabHandle) -> Path:
 
 
 def slowdowns(lab: LabHandle, rates: dict[str, Rate]) -> tuple[dict[int, Factor], str]:
-    """Per number of concurrent migrations and per mode, how much longer each took than ``rates``
-    (what is known now, not what was at the time) predict, relative to one at a time (medians over
-    past evacuations, 2 or more of each); the default for what none measured ("*")."""
-    seen: dict[tuple[int, str], list[float]] = {}
-    for p in sorted(records_dir(lab).glob("ev-*.json")):
-        try:
-            rec = json.loads(p.read_text())
-        except (OSError, ValueError):
-            continue
-        k = int(rec.get("parallel") or 1)
-        for w in rec.get("workloads", []):
-            r = rates.get(rates_mod.way(w))
-            if w.get("status") == "moved" and w.get("took_s") and r is not None:
-                seen.setdefault((k, str(w["mode"])), []).append(w["took_s"] / r.total(int(w["memory"])))
-    out: dict[int, Factor] = {1: 1.0}
-    notes: list[str] = []
-    for k in sorted({k for k, _ in seen} | set(SLOWDOWN)):
-        if k == 1:
-            continue
-        per: dict[str, float] = {"*": SLOWDOWN.get(k, 1.0 + 0.5 * (k - 1))}
-        for (kk, mode), v in sorted(seen.items()):
-            base = seen.get((1, mode), [])
-            if kk == k and len(v) >= 2 and len(base) >= 2:
-                per[mode] = round(max(1.0, statistics.median(v) / statistics.median(base)), 3)
-                notes.append(f"{mode} {k} at once {per[mode]}x ({len(v)} vs {len(base)} alone)")
-        out[k] = per
-    return out, "measured: " + "; ".join(notes) if notes else f"default: {SLOWDOWN} for every mode"
+    """How much slower several migrations at once were, from this lab's past evacuations."""
+    return rates_mod.slowdowns(sorted(records_dir(lab).glob("ev-*.json")), rates)
 
 
 @contextmanager

@@ -9,11 +9,13 @@ issue 14's benchmark (README), marked as such in ``basis`` so that a plan shows 
 
 from __future__ import annotations
 
+import json
 import statistics
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-from podmigrate.engine.schedule import GB, Rate
+from podmigrate.engine.schedule import GB, Factor, Rate
 
 # (fixed s, bytes per s, blackout fixed s, blackout bytes per s or None): 2-core VM, security on
 DEFAULTS: dict[str, tuple[float, float, float, float | None]] = {
@@ -76,3 +78,36 @@ def learn(records: Iterable[Mapping[str, Any]]) -> dict[str, Rate]:
         bf, bper = _line([(x, b) for x, _, b in pts], bbps)
         out[w] = Rate(mode, transport, f, per or bps, bf, bper, f"measured: {len(pts)} migrations")
     return out
+
+
+SLOWDOWN = {1: 1.0, 2: 1.5}  # until past evacuations measured it: 2 cores, two CRIU dumps contend
+
+
+def slowdowns(records: Iterable[Path], rates: Mapping[str, Rate]) -> tuple[dict[int, Factor], str]:
+    """Per number of concurrent migrations and per mode, how much longer each took than ``rates``
+    (what is known now, not what was at the time) predict, relative to one at a time (medians over
+    past evacuations, 2 or more of each); the default for what none measured ("*")."""
+    seen: dict[tuple[int, str], list[float]] = {}
+    for p in records:
+        try:
+            rec = json.loads(p.read_text())
+        except (OSError, ValueError):
+            continue
+        k = int(rec.get("parallel") or 1)
+        for w in rec.get("workloads", []):
+            r = rates.get(way(w))
+            if w.get("status") == "moved" and w.get("took_s") and r is not None:
+                seen.setdefault((k, str(w["mode"])), []).append(w["took_s"] / r.total(int(w["memory"])))
+    out: dict[int, Factor] = {1: 1.0}
+    notes: list[str] = []
+    for k in sorted({k for k, _ in seen} | set(SLOWDOWN)):
+        if k == 1:
+            continue
+        per: dict[str, float] = {"*": SLOWDOWN.get(k, 1.0 + 0.5 * (k - 1))}
+        for (kk, mode), v in sorted(seen.items()):
+            base = seen.get((1, mode), [])
+            if kk == k and len(v) >= 2 and len(base) >= 2:
+                per[mode] = round(max(1.0, statistics.median(v) / statistics.median(base)), 3)
+                notes.append(f"{mode} {k} at once {per[mode]}x ({len(v)} vs {len(base)} alone)")
+        out[k] = per
+    return out, "measured: " + "; ".join(notes) if notes else f"default: {SLOWDOWN} for every mode"
