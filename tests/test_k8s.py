@@ -614,3 +614,61 @@ def test_an_operator_that_died_mid_rollback_finishes_the_rollback_not_the_migrat
     assert pod is not None and "podmigrate.io/migration" not in pod["metadata"].get("annotations", {})
     assert same_process(before, c.state("node-a"))
     assert [r["phase"] for r in st["record"]["rollbacks"]] == ["restore", "checkpoint"]
+
+
+def test_a_spot_interruption_taint_evacuates_the_node_with_every_pods_memory(cluster: Cluster) -> None:
+    """aws-node-termination-handler's taint on node-a: the operator makes a NodeEvacuation with the
+    notice's deadline, cordons the node, and moves both pods to node-b with their heaps."""
+    from podmigrate.k8s import evacuation as ev
+    from podmigrate.k8s.evacuator import LABEL
+
+    before = {8000: cluster.start_workload(), 8001: example.start_example(cluster.api, "heapsrv2", "node-a", 16, 8001)}
+    added = ev.stamp(__import__("time").time())
+    taint = {
+        "key": "aws-node-termination-handler/spot-itn",
+        "value": "itn-1",
+        "effect": "NoSchedule",
+        "timeAdded": added,
+    }
+    cluster.api.patch(k.nodes("node-a"), {"spec": {"taints": [taint]}})
+
+    def finished() -> dict[str, Any] | None:
+        done = [e for e in cluster.api.list(ev.path()) if (e.get("status") or {}).get("phase") in ev.TERMINAL]
+        return done[0] if done else None
+
+    try:
+        evac = wait_for(finished, 240, "the NodeEvacuation to finish", step=0.2)
+    except AssertionError:
+        raise AssertionError(f"{cluster.api.list(ev.path())}\n{cluster.kl.operator_log()[-4000:]}") from None
+    st = evac["status"]
+    assert evac["spec"]["reason"] == taint["key"] and st["deadline"] == ev.stamp(ev.epoch(added) + 120)
+    assert st["phase"] == "Completed", st
+    assert sorted(p["name"] for p in st["pods"]) == ["heapsrv", "heapsrv2"]
+    assert all(p["stateKept"] and p["target"] == "node-b" and p["mode"] == "stop-copy" for p in st["pods"]), st["pods"]
+    assert {s["name"] for s in st["skipped"]} == {"podmigrate-agent-node-a"}  # its mirror pod stays
+    node = cluster.api.get(k.nodes("node-a")) or {}
+    assert node["spec"]["unschedulable"] and node["metadata"]["annotations"][ev.ANNOTATION] == evac["metadata"]["name"]
+    plms = cluster.api.list(PLMS)
+    assert len(plms) == 2 and all(p["metadata"]["labels"][LABEL] == evac["metadata"]["name"] for p in plms)
+    for port, was in before.items():
+        assert same_process(was, example.state("node-b", 60, port)), port
+    assert not [p for p in cluster.api.list(k.pods(NS)) if p["spec"]["nodeName"] == "node-a"]
+
+
+def test_an_evacuation_that_cannot_move_in_time_says_so_and_touches_nothing(cluster: Cluster) -> None:
+    from podmigrate.k8s import evacuation as ev
+
+    before = cluster.start_workload()
+    body = {"apiVersion": "podmigrate.io/v1alpha1", "kind": "NodeEvacuation", "metadata": {"name": "too-late"},
+            "spec": {"nodeName": "node-a", "deadlineSeconds": 1}}  # fmt: skip
+    cluster.api.create(ev.path(), body)
+
+    def final() -> dict[str, Any] | None:
+        st = (cluster.api.get(ev.path("too-late")) or {}).get("status") or {}
+        return st if st.get("phase") in ev.TERMINAL else None
+
+    st = wait_for(final, 60, "the evacuation")
+    assert st["phase"] == "Incomplete" and st["pods"][0]["phase"] == "Lost", st
+    assert "lost: heapsrv" in st["message"]
+    assert cluster.api.list(PLMS) == []
+    assert same_process(before, cluster.state("node-a"))  # still serving where it was, untouched

@@ -51,7 +51,8 @@ def test_kustomize_and_kubectl_render_the_same_valid_objects(tools: Path, tree: 
     kinds = sorted(d["kind"] for d in docs)
     if tree == "base":
         assert kinds == sorted(
-            ["Namespace", "CustomResourceDefinition", "ServiceAccount", "ServiceAccount", "ClusterRole", "ClusterRole",
+            ["Namespace", "CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount", "ServiceAccount",
+             "ClusterRole", "ClusterRole",
              "ClusterRoleBinding", "ClusterRoleBinding", "ConfigMap", "Deployment", "Service", "DaemonSet",
              "RuntimeClass", "NetworkPolicy"]
         )  # fmt: skip
@@ -136,6 +137,11 @@ def test_rbac_grants_what_the_code_calls_and_the_agent_nothing_more(tools: Path)
         ("", "pods", "patch"),
         ("", "services", "patch"),
         ("", "nodes", "list"),
+        ("", "nodes", "watch"),  # the taints that start evacuations
+        ("", "nodes", "patch"),  # cordon
+        ("podmigrate.io", "nodeevacuations", "create"),
+        ("podmigrate.io", "nodeevacuations/status", "patch"),
+        ("podmigrate.io", "podlivemigrations", "create"),
         ("discovery.k8s.io", "endpointslices", "list"),
         ("", "events", "create"),
     ]:

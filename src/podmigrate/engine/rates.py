@@ -57,7 +57,11 @@ def _line(points: list[tuple[float, float]], per: float | None) -> tuple[float, 
     return max(0.0, y - x / per), per  # the default's slope through this lab's point
 
 
-def learn(records: Iterable[Mapping[str, Any]]) -> dict[str, Rate]:
+def learn(
+    records: Iterable[Mapping[str, Any]],
+    defaults: Mapping[str, tuple[float, float, float, float | None]] = DEFAULTS,
+    basis: str = "this lab's figures (issue 14)",
+) -> dict[str, Rate]:
     """Rates from completed migrations (records of ``engine.record``), defaults where there are none."""
     seen: dict[str, list[tuple[float, float, float]]] = {}
     for rec in records:
@@ -68,11 +72,11 @@ def learn(records: Iterable[Mapping[str, Any]]) -> dict[str, Rate]:
             continue
         seen.setdefault(way(rec), []).append((float(rec["rss_bytes"]), span, blackout))
     out: dict[str, Rate] = {}
-    for w, (fixed, bps, bfixed, bbps) in DEFAULTS.items():
+    for w, (fixed, bps, bfixed, bbps) in defaults.items():
         mode, transport = w.split("/")
         pts = seen.get(w)
         if not pts:
-            out[w] = Rate(mode, transport, fixed, bps, bfixed, bbps, "default: this lab's figures (issue 14)")
+            out[w] = Rate(mode, transport, fixed, bps, bfixed, bbps, f"default: {basis}")
             continue
         f, per = _line([(x, s) for x, s, _ in pts], bps)
         bf, bper = _line([(x, b) for x, _, b in pts], bbps)

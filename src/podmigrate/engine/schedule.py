@@ -34,7 +34,7 @@ GB = 1 << 30
 class Workload:
     name: str
     memory: int  # resident bytes: what a restore writes
-    kind: str = "container"  # or "pod" (pods move by stop-copy/archive only)
+    kind: str = "container"  # or "pod" (stop-copy/archive only), "k8s" (a Kubernetes pod: stop-copy/registry)
     pod: str | None = None  # a pod's name (``name`` is the member that moving the pod is asked by)
     source: str = ""
 
@@ -124,7 +124,9 @@ class EvacuationPlan:
 def ways_for(w: Workload, rates: Mapping[str, Rate]) -> list[Rate]:
     """The ways ``w`` can move with its state, least blackout first (not decoupled: what the source
     changes after its checkpoint would be lost; pods: stop-copy, every member's archive)."""
-    if w.kind == "pod":
+    if w.kind == "k8s":  # through the kubelet's checkpoint API and a registry: the one way there
+        wanted = [r for r in rates.values() if r.mode == "stop-copy" and r.transport == "registry"]
+    elif w.kind == "pod":
         wanted = [r for r in rates.values() if r.mode == "stop-copy" and r.transport == "archive"]
     else:
         wanted = [r for r in rates.values() if r.mode in ("lazy", "stop-copy") and r.transport != "archive"]

@@ -175,40 +175,35 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 
-def crd_manifest() -> dict[str, Any]:
+def definition(
+    names: dict[str, Any], scope: str, columns: list[dict[str, Any]], schema: dict[str, Any]
+) -> dict[str, Any]:
+    """A CustomResourceDefinition of this group: one served version with a status subresource."""
+    version = {"name": VERSION, "served": True, "storage": True, "subresources": {"status": {}},
+               "additionalPrinterColumns": columns, "schema": {"openAPIV3Schema": schema}}  # fmt: skip
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{PLURAL}.{GROUP}"},
-        "spec": {
-            "group": GROUP,
-            "scope": "Namespaced",
-            "names": {"kind": KIND, "plural": PLURAL, "singular": SINGULAR, "shortNames": SHORT_NAMES},
-            "versions": [
-                {
-                    "name": VERSION,
-                    "served": True,
-                    "storage": True,
-                    "subresources": {"status": {}},
-                    "additionalPrinterColumns": PRINTER_COLUMNS,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "description": "Move a running pod to another node with its memory (CRIU).",
-                            "required": ["spec"],
-                            "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
-                                "metadata": {"type": "object"},
-                                "spec": SPEC_SCHEMA,
-                                "status": STATUS_SCHEMA,
-                            },
-                        }
-                    },
-                }
-            ],
+        "metadata": {"name": f"{names['plural']}.{GROUP}"},
+        "spec": {"group": GROUP, "scope": scope, "names": names, "versions": [version]},
+    }
+
+
+def crd_manifest() -> dict[str, Any]:
+    names = {"kind": KIND, "plural": PLURAL, "singular": SINGULAR, "shortNames": SHORT_NAMES}
+    schema = {
+        "type": "object",
+        "description": "Move a running pod to another node with its memory (CRIU).",
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": SPEC_SCHEMA,
+            "status": STATUS_SCHEMA,
         },
     }
+    return definition(names, "Namespaced", PRINTER_COLUMNS, schema)
 
 
 def _with_defaults(schema: dict[str, Any], value: Any) -> Any:

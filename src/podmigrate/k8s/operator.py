@@ -30,6 +30,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, cast
 
@@ -38,8 +39,10 @@ from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from podmigrate.k8s import api as k
 from podmigrate.k8s import controller
+from podmigrate.k8s import evacuation as ev
 from podmigrate.k8s.context import K8sRecord
 from podmigrate.k8s.crd import GROUP, PLURAL, TERMINAL, VERSION
+from podmigrate.k8s.evacuator import Evacuator
 from podmigrate.k8s.policy import NAMESPACES_ENV, REGISTRIES_ENV, parse_list
 
 MIGRATIONS = Counter("podmigrate_migrations_total", "Finished migrations by result and mode", ["result", "mode"])
@@ -175,3 +178,48 @@ def on_delete(namespace: str | None, name: str, status: kopf.Status, logger: kop
         if not ok:  # keep the finalizer (and the record) until the rollback succeeds
             raise kopf.TemporaryError("deleted while running: the rollback failed; retrying", delay=30)
         logger.info("deleted while running: rolled back")
+
+
+@kopf.on.create(GROUP, VERSION, ev.PLURAL)
+@kopf.on.resume(GROUP, VERSION, ev.PLURAL)
+def evacuate(body: kopf.Body, name: str, logger: kopf.Logger, **_: Any) -> None:
+    """Run a NodeEvacuation to its end (``k8s.evacuator``): one PodLiveMigration per pod."""
+
+    def event(kind: str, reason: str, message: str) -> None:
+        kopf.event(body, type=kind, reason=reason, message=message)
+        logger.info(f"{reason}: {message}")
+
+    api = kube()
+    runner = Evacuator(api, name, config(), event, poll_s=max(0.05, config().poll_s))
+    try:
+        runner.run()
+    finally:
+        runner.close()
+        api.close()
+
+
+@kopf.on.event("v1", "nodes")
+def node_signs(type: str, body: kopf.Body, logger: kopf.Logger, **_: Any) -> None:
+    """A node that shows a sign of going away (``k8s.evacuation.TRIGGERS``) gets one NodeEvacuation;
+    its mark is taken off once the node is schedulable and unmarked again."""
+    if type == "DELETED":
+        return
+    node = dict(body)
+    name = node["metadata"]["name"]
+    mark = (node["metadata"].get("annotations") or {}).get(ev.ANNOTATION)
+    now = time.time()
+    sign = ev.trigger_of(node, ev.triggers(), now)
+    api = kube()
+    try:
+        if sign is None and mark and not (node.get("spec") or {}).get("unschedulable"):
+            api.patch(k.nodes(name), {"metadata": {"annotations": {ev.ANNOTATION: None}}})
+        elif sign is not None and not mark:
+            key, deadline = sign
+            evac = ev.name_for(name, key, now)
+            api.patch(k.nodes(name), {"metadata": {"annotations": {ev.ANNOTATION: evac}}})
+            spec = {"nodeName": name, "deadline": ev.stamp(deadline), "reason": key}
+            obj = {"apiVersion": f"{GROUP}/{VERSION}", "kind": ev.KIND, "metadata": {"name": evac}, "spec": spec}
+            api.create(ev.path(), obj)
+            logger.info(f"{name}: {key}, evacuating by {ev.stamp(deadline)} ({evac})")
+    finally:
+        api.close()

@@ -22,6 +22,7 @@ from podmigrate.k8s import api as k
 
 RESOURCES = {
     "podmigrate.io/v1alpha1/podlivemigrations": ("PodLiveMigration", True, ["status"]),
+    "podmigrate.io/v1alpha1/nodeevacuations": ("NodeEvacuation", False, ["status"]),
     "v1/pods": ("Pod", True, ["status"]),
     "v1/services": ("Service", True, []),
     "v1/nodes": ("Node", False, ["status"]),
@@ -63,7 +64,8 @@ class APIServer:
 
         class Emulator(kmock.KubernetesEmulator):
             """Plus what the API server adds on create: ``metadata.generateName`` (kopf names its Events
-            so), a ``uid`` (a kubelet tells a recreated pod from the old one by it) and a creation time."""
+            so), a ``resourceVersion``, a ``uid`` (a kubelet tells a recreated pod from the old one by
+            it) and a creation time."""
 
             async def _handle(self, request: Any) -> Any:
                 meta = request.data.get("metadata") if isinstance(request.data, dict) else None
@@ -71,6 +73,7 @@ class APIServer:
                     if meta.get("generateName") and not meta.get("name"):
                         meta["name"] = meta["generateName"] + secrets.token_hex(3)
                     meta.setdefault("uid", str(uuid.uuid4()))
+                    meta.setdefault("resourceVersion", "1")
                     meta.setdefault("creationTimestamp", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
                 return await super()._handle(request)
 

@@ -28,17 +28,33 @@ def image() -> str:
     return workload_image().replace(layout.REGISTRY, NODE_REGISTRY)
 
 
-def example_pod(name: str, node: str, heap_mb: int) -> dict[str, Any]:
-    env = [{"name": "HEAP_MB", "value": str(heap_mb)}, {"name": "LISTEN", "value": "127.0.0.1:8090"}]
-    sidecar = [{"name": "LISTEN", "value": "0.0.0.0:8000"}, {"name": "UPSTREAM", "value": "127.0.0.1:8090"}]
+def example_pod(name: str, node: str, heap_mb: int, port: int = 8000) -> dict[str, Any]:
+    """``port``: the sidecar's (the heap server's is 90 above it); the lab's pods share their node's
+    network namespace, so two on one node need two ports."""
+    heap = f"127.0.0.1:{port + 90}"
+    env = [{"name": "HEAP_MB", "value": str(heap_mb)}, {"name": "LISTEN", "value": heap}]
+    sidecar = [{"name": "LISTEN", "value": f"0.0.0.0:{port}"}, {"name": "UPSTREAM", "value": heap}]
+    need = {"requests": {"memory": f"{heap_mb + 32}Mi"}}  # what the scheduler and an evacuation count
     return {
         "metadata": {"name": name, "namespace": NS, "labels": {"app": name}},
         "spec": {
             "nodeName": node,
             "terminationGracePeriodSeconds": 2,
             "containers": [
-                {"name": "server", "image": image(), "command": ["python3", "-u", "/app/heapsrv.py"], "env": env},
-                {"name": "sidecar", "image": image(), "command": ["python3", "-u", "/app/sidecar.py"], "env": sidecar},
+                {
+                    "name": "server",
+                    "image": image(),
+                    "command": ["python3", "-u", "/app/heapsrv.py"],
+                    "env": env,
+                    "resources": need,
+                },
+                {
+                    "name": "sidecar",
+                    "image": image(),
+                    "command": ["python3", "-u", "/app/sidecar.py"],
+                    "env": sidecar,
+                    "resources": {"requests": {"memory": "32Mi"}},
+                },
             ],
         },
     }
@@ -54,12 +70,12 @@ def poll(fn: Any, timeout: float, what: str, step: float = 0.1) -> Any:
     raise PodmigrateError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
-def state(node: str, timeout: float = 120) -> dict[str, Any]:
+def state(node: str, timeout: float = 120, port: int = 8000) -> dict[str, Any]:
     """The heap server's ``/state`` (heap SHA-256, start time, counter) at ``node``'s address."""
 
     def get() -> dict[str, Any] | None:
         try:
-            out: dict[str, Any] = httpx.get(f"http://{layout.node_ip(node)}:8000/state", timeout=5).json()
+            out: dict[str, Any] = httpx.get(f"http://{layout.node_ip(node)}:{port}/state", timeout=5).json()
             return out
         except (httpx.HTTPError, ValueError):
             return None
@@ -68,9 +84,11 @@ def state(node: str, timeout: float = 120) -> dict[str, Any]:
     return out
 
 
-def start_example(api: k.KubeAPI, name: str = "heapsrv", node: str = "node-a", heap_mb: int = 16) -> dict[str, Any]:
+def start_example(
+    api: k.KubeAPI, name: str = "heapsrv", node: str = "node-a", heap_mb: int = 16, port: int = 8000
+) -> dict[str, Any]:
     """The pod and its Service ``web``; its state once it answers."""
-    api.create(k.pods(NS), example_pod(name, node, heap_mb))
+    api.create(k.pods(NS), example_pod(name, node, heap_mb, port))
     if api.get(k.services(NS, "web")) is None:
         svc = {
             "metadata": {"name": "web", "namespace": NS},
@@ -78,7 +96,7 @@ def start_example(api: k.KubeAPI, name: str = "heapsrv", node: str = "node-a", h
         }
         api.create(k.services(NS), svc)
     poll(lambda: k.pod_ready(api.get(k.pods(NS, name)) or {}), 300, f"pod {name} ready")
-    return state(node, timeout=60 + heap_mb / 4)
+    return state(node, timeout=60 + heap_mb / 4, port=port)
 
 
 def migrate(api: k.KubeAPI, name: str, spec: dict[str, Any]) -> None:

@@ -38,6 +38,14 @@ from podmigrate.kubelab.pods import KUBELET_LABEL, PodWorker, waiting
 
 CHECKPOINTS = "/var/lib/kubelet/checkpoints"  # on the node
 MIRROR = "kubernetes.io/config.mirror"  # a static pod's mirror: the kubelet runs the pod, not from the API
+EVICTION_KIB = 100 << 10  # the kubelet's default hard eviction threshold, memory.available < 100Mi
+
+
+def total_kib() -> int:
+    with open("/proc/meminfo") as f:
+        return int(f.readline().split()[1])  # MemTotal
+
+
 _PATH = re.compile(r"^/checkpoint/([a-z0-9.-]{1,253})/([a-z0-9.-]{1,253})/([a-z0-9-]{1,63})(?:\?timeout=(\d+))?$")
 
 
@@ -94,6 +102,9 @@ class Kubelet:
                     {"type": "InternalIP", "address": self.config.node_ip},
                     {"type": "Hostname", "address": self.config.node},
                 ],
+                # what a kubelet reports; the lab's nodes share this machine's memory, so each says all of it
+                "capacity": {"memory": f"{total_kib()}Ki", "pods": "110"},
+                "allocatable": {"memory": f"{max(0, total_kib() - EVICTION_KIB)}Ki", "pods": "110"},
                 "daemonEndpoints": {"kubeletEndpoint": {"Port": self.server.server_address[1]}},
                 "nodeInfo": {
                     "containerRuntimeVersion": f"{v.runtime_name}://{v.runtime_version}",
