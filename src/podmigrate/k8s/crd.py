@@ -228,15 +228,20 @@ class SpecError(ValueError):
         self.reason = reason  # the status's reason: InvalidSpec, or what else made the spec unrunnable
 
 
-def validate_spec(spec: Any) -> dict[str, Any]:
-    """Return the spec with defaults applied, or raise ``SpecError`` naming the field at fault."""
-    if not isinstance(spec, dict):
-        raise SpecError("spec must be an object with at least podName")
-    errors = sorted(jsonschema.Draft7Validator(SPEC_SCHEMA).iter_errors(spec), key=lambda e: list(e.path))
+def check_schema(schema: dict[str, Any], spec: dict[str, Any]) -> None:
+    """``SpecError`` naming the first field (by path) that ``schema`` rejects."""
+    errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(spec), key=lambda e: list(e.path))
     if errors:
         e = errors[0]
         where = "spec." + ".".join(str(p) for p in e.path) if e.path else "spec"
         raise SpecError(f"{where}: {e.message}")
+
+
+def validate_spec(spec: Any) -> dict[str, Any]:
+    """Return the spec with defaults applied, or raise ``SpecError`` naming the field at fault."""
+    if not isinstance(spec, dict):
+        raise SpecError("spec must be an object with at least podName")
+    check_schema(SPEC_SCHEMA, spec)
     out: dict[str, Any] = _with_defaults(SPEC_SCHEMA, spec)
     out.setdefault("timeouts", _with_defaults(SPEC_SCHEMA["properties"]["timeouts"], {}))
     if out.get("targetNode") and out.get("targetNodeSelector"):

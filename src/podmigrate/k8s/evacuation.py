@@ -26,9 +26,7 @@ import re
 import time
 from typing import Any
 
-import jsonschema
-
-from podmigrate.k8s.crd import _DNS_SUBDOMAIN, GROUP, VERSION, SpecError, definition
+from podmigrate.k8s.crd import _DNS_SUBDOMAIN, GROUP, VERSION, SpecError, check_schema, definition
 
 KIND = "NodeEvacuation"
 PLURAL = "nodeevacuations"
@@ -75,6 +73,7 @@ STATUS_SCHEMA: dict[str, Any] = {
         "startedAt": {"type": "string", "format": "date-time"},
         "completedAt": {"type": "string", "format": "date-time"},
         "emptyAfterSeconds": {"type": "number"},
+        "parallel": {"type": "integer", "description": "Migrations at once, as planned."},
         "pods": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
                  "description": "Per pod: namespace, name, memory, action, target, migration, phase, "
                  "blackoutSeconds, finishedAfterSeconds, stateKept, why."},
@@ -128,11 +127,7 @@ def validate_spec(spec: Any, created: str | None) -> tuple[dict[str, Any], float
     """The spec and its deadline (epoch seconds), or ``SpecError`` naming the field at fault."""
     if not isinstance(spec, dict):
         raise SpecError("spec must be an object with at least nodeName")
-    errors = sorted(jsonschema.Draft7Validator(SPEC_SCHEMA).iter_errors(spec), key=lambda e: list(e.path))
-    if errors:
-        e = errors[0]
-        where = "spec." + ".".join(str(p) for p in e.path) if e.path else "spec"
-        raise SpecError(f"{where}: {e.message}")
+    check_schema(SPEC_SCHEMA, spec)
     out = {"deadlineSeconds": 120, **spec}
     if out.get("deadline"):
         try:

@@ -34,7 +34,7 @@ from podmigrate.k8s.agents import Agents, Config
 from podmigrate.k8s.crd import API_VERSION, SpecError
 from podmigrate.k8s.crd import TERMINAL as PLM_TERMINAL
 
-LABEL = "podmigrate.io/evacuation"
+LABEL = ev.ANNOTATION  # the node it empties and the migrations it made carry its name under one key
 MIRROR = "kubernetes.io/config.mirror"
 ASSUMED = 256 << 20
 # (fixed s, bytes/s, blackout fixed s, blackout bytes/s): README's ``bench k8s`` on this machine (64 MB-1 GB)

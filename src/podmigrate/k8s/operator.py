@@ -137,16 +137,22 @@ def session(
         api.close()
 
 
-@kopf.on.create(GROUP, VERSION, PLURAL)
-@kopf.on.resume(GROUP, VERSION, PLURAL)
-def reconcile(body: kopf.Body, namespace: str | None, name: str, logger: kopf.Logger, **_: Any) -> None:
-    assert namespace is not None  # the resource is namespaced
-    mode = str(body.get("spec", {}).get("mode", "decoupled"))
+def _events(body: kopf.Body, logger: kopf.Logger) -> controller.Event:
+    """Post an Event on the resource and log it."""
 
     def event(kind: str, reason: str, message: str) -> None:
         kopf.event(body, type=kind, reason=reason, message=message)
         logger.info(f"{reason}: {message}")
 
+    return event
+
+
+@kopf.on.create(GROUP, VERSION, PLURAL)
+@kopf.on.resume(GROUP, VERSION, PLURAL)
+def reconcile(body: kopf.Body, namespace: str | None, name: str, logger: kopf.Logger, **_: Any) -> None:
+    assert namespace is not None  # the resource is namespaced
+    mode = str(body.get("spec", {}).get("mode", "decoupled"))
+    event = _events(body, logger)
     with session(namespace, name, event, lambda p, s: PHASE_SECONDS.labels(p, mode).observe(s)) as ctx:
         if ctx is None or ctx.rec.get("status") in controller.FINISHED:
             return  # never run a finished migration again (a restart must not repeat a move)
@@ -184,13 +190,8 @@ def on_delete(namespace: str | None, name: str, status: kopf.Status, logger: kop
 @kopf.on.resume(GROUP, VERSION, ev.PLURAL)
 def evacuate(body: kopf.Body, name: str, logger: kopf.Logger, **_: Any) -> None:
     """Run a NodeEvacuation to its end (``k8s.evacuator``): one PodLiveMigration per pod."""
-
-    def event(kind: str, reason: str, message: str) -> None:
-        kopf.event(body, type=kind, reason=reason, message=message)
-        logger.info(f"{reason}: {message}")
-
-    api = kube()
-    runner = Evacuator(api, name, config(), event, poll_s=max(0.05, config().poll_s))
+    api, cfg = kube(), config()
+    runner = Evacuator(api, name, cfg, _events(body, logger), poll_s=max(0.05, cfg.poll_s))
     try:
         runner.run()
     finally:
