@@ -159,6 +159,51 @@ def test_a_criu_page_server_takes_pages_only_from_a_peer_with_a_lab_certificate(
             b.delete(f"/v1/checkpoints/{cid}")
 
 
+STRANGER = textwrap.dedent(
+    """
+    import os, socket, struct, sys
+    # the seal's header and a frame made up without the migration's key
+    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5) as s:
+        s.sendall(b"PMSEAL1\\n" + os.urandom(16) + struct.pack(">I", 64) + os.urandom(64))
+        s.settimeout(10)
+        print(repr(s.recv(100)))
+    """
+)
+
+
+def test_a_relayed_page_server_listens_on_loopback_and_its_relay_drops_a_peer_without_the_key(lab: Any) -> None:
+    b = lab.agent("node-b")
+    cid = f"sec-{uuid.uuid4().hex[:6]}"
+    ps = b.post(f"/v1/checkpoints/{cid}/page-server", {"relay": True, "seal": seal.new_key()})
+    try:
+        assert ps["relay"] is True and ps["address"] == layout.node_ip("node-b")
+        # CRIU's own page server listens on node-b's loopback only: the LAN sees the relay, nothing else
+        listening = lab.run("node-b", ["ss", "-Hltnp"]).stdout
+        criu = [ln for ln in listening.splitlines() if '"criu"' in ln]
+        assert len(criu) == 1 and " 127.0.0.1:" in criu[0], listening
+        assert f"{ps['address']}:{ps['port']} " in listening
+        got = lab.run("node-a", ["python3", "-c", STRANGER, ps["address"], str(ps["port"])], timeout=60)
+        assert got.stdout.strip() == "b''", got.stdout  # hung up on, told nothing
+        log = lab.dir / "logs" / "node-b.log"
+        wait_for(lambda: f"page relay {cid}: dropped" in log.read_text(errors="replace"), 20, "the relay's log line")
+        assert "frame 0 does not authenticate" in log.read_text(errors="replace").split(f"page relay {cid}: dropped")[1]
+        # still waiting for the real source: the page server and the relay are both up
+        assert f"{ps['address']}:{ps['port']} " in lab.run("node-b", ["ss", "-Hltn"]).stdout
+    finally:
+        b.delete(f"/v1/checkpoints/{cid}")
+    assert f"{ps['address']}:{ps['port']} " not in lab.run("node-b", ["ss", "-Hltn"]).stdout
+
+
+def test_the_old_page_path_through_criu_tls_still_moves_the_heap(lab: Any, workload: Any, monkeypatch: Any) -> None:
+    """What ``bench engine --old-paths criu-tls-pages`` measures against must itself be correct."""
+    st = workload(node="node-a", heap_mb=16)
+    monkeypatch.setenv("PODMIGRATE_OLD_PATHS", "criu-tls-pages")
+    rec = migrate(lab, Plan(workload=st["name"], target="node-b", mode="stop-copy", transport="stream"))
+    assert rec["status"] == "completed" and rec["state_after"]["sha256"] == st["sha256"]
+    assert rec["security"]["pages"] == "CRIU TLS" and rec["page_server"]["relay"] is False
+    assert "page_relay" not in rec["bytes"]
+
+
 def test_names_that_a_command_line_would_read_as_options_are_refused_at_the_agent(lab: Any, workload: Any) -> None:
     st = workload(node="node-a")
     a = lab.agent("node-a")

@@ -317,6 +317,9 @@ def test_each_mode_and_transport_goes_there_and_back_with_the_heap_intact(lab, w
         if transport in ("stream", "archive"):
             assert "transfer" in rec["phase_s"] and "push" not in rec["phase_s"]
             assert rec["bytes"]["sent"] == rec["bytes"]["archive"]
+        if rec.get("page_server"):  # the lab seals: the pages crossed in the agents' sealed relay
+            assert rec["security"]["pages"] == "sealed relay (AES-256-GCM)"
+            assert rec["bytes"]["page_relay"]["pages"] >= 32 << 20
         if mode == "lazy":  # the source was released only after every page had moved
             assert rec["lazy"]["source_rc"] == 0 and rec["lazy"]["daemon_rc"] == 0
             # the 32 MB heap crossed the LAN on demand, counted on the source's LAN link

@@ -23,7 +23,7 @@ from podmigrate.agent.memory import Reservations
 from podmigrate.agent.node_lazy import LazyPages
 from podmigrate.agent.notice import SpotNotice
 from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
-from podmigrate.transport import stream
+from podmigrate.transport import seal, stream
 from podmigrate.transport.archive import ArchiveTransport
 from podmigrate.transport.base import Sent, Transport
 from podmigrate.transport.registry import RegistryTransport
@@ -225,22 +225,26 @@ class NodeAgent:
     # ------------------------------------------------------------------ checkpoint and restore
     def checkpoint(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         a = self.files.archive(b["checkpoint_id"])
-        criu: tuple[str, ...] = ()
-        if b.get("page_server"):
-            ps = b["page_server"]
-            # both go into CRIU's configuration file: parsed, so that no value can add an option
-            address, port = names.ipv4(ps.get("address")), names.port(ps.get("port"))
-            criu = ("page-server", f"address={address}", f"port={port}", *self.criu_tls(server=False))
-            if b.get("leave_stopped"):
-                criu += ("leave-stopped",)
-        with self.files.busy(b["checkpoint_id"]):
-            res = self.rt.checkpoint(
-                p["name"],
-                a,
-                tcp_established=b.get("tcp_established", True),
-                leave_running=b.get("leave_running", False) or bool(b.get("leave_stopped")),
-                criu=criu,
-            )
+        criu, relay = self.lazy.dump_to_page_server(b["checkpoint_id"], b)
+        try:
+            with self.files.busy(b["checkpoint_id"]):
+                res = self.rt.checkpoint(
+                    p["name"],
+                    a,
+                    tcp_established=b.get("tcp_established", True),
+                    leave_running=b.get("leave_running", False) or bool(b.get("leave_stopped")),
+                    criu=criu,
+                )
+        except RuntimeBackendError as e:
+            if relay is not None and relay.error:
+                e.details["page_relay"] = relay.error  # why CRIU's connection broke, when it was the relay
+            raise
+        finally:
+            if relay is not None:
+                relay.wait(10)  # CRIU has its answer: only the relay's own close is left
+                relay.close()
+        if relay is not None:
+            res["page_relay"] = {"bytes": relay.bytes, "started": relay.started, "ended": relay.ended}
         return {**res, "archive": str(a)}
 
     def restore_local(self, p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -368,9 +372,7 @@ def _seal(cid: str, b: dict[str, Any]) -> stream.Seal | None:
     key = b.get("seal")
     if not key:
         return None
-    if not isinstance(key, str) or len(key) != 64:
-        raise UsageError("a seal key is 64 hex digits (32 bytes)")
-    return stream.Seal(key, cid)
+    return stream.Seal(seal.check_key(key), cid)
 
 
 def _mem_available() -> int | None:

@@ -1,4 +1,4 @@
-"""The node agent's CRIU processes that outlive their request: page server and post-copy (standard library only).
+"""The node agent's CRIU processes that outlive their request: page server (and its sealed relay) and post-copy.
 
 Routes page-server, checkpoint-lazy, restore-lazy, lazy and abort-lazy, registered by ``agent.node``
 (which stops what is left here when a checkpoint is deleted); files and locks from
@@ -22,6 +22,7 @@ from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App
 from podmigrate.agent.memory import Reservations
 from podmigrate.runtime.uffd import FaultWaker
+from podmigrate.transport import pagerelay, seal
 
 if TYPE_CHECKING:
     from podmigrate.agent.node import NodeRuntime
@@ -44,6 +45,7 @@ class LazyPages:
         self.jobs: dict[str, subprocess.Popen[Any]] = {}
         self.lazy_ports: dict[str, int] = {}
         self.wakers: dict[str, FaultWaker] = {}
+        self.relays: dict[str, pagerelay.TargetRelay] = {}
 
     def register(self, app: App) -> None:
         app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/page-server")(self.page_server)
@@ -63,6 +65,9 @@ class LazyPages:
         waker = self.wakers.pop(cid, None)
         if waker is not None:
             waker.stop()
+        relay = self.relays.pop(cid, None)
+        if relay is not None:
+            relay.close()
         # the source's dump job stays (abort-lazy ends it); finished ones and their ports are forgotten,
         # so a long run does not grow these tables
         src = self.jobs.get(f"src-{cid}")
@@ -70,19 +75,47 @@ class LazyPages:
             self.jobs.pop(f"src-{cid}", None)
             self.lazy_ports.pop(cid, None)
 
-    def _free_port(self) -> int:
+    def _free_port(self, address: str | None = None) -> int:
         with socket.socket() as sk:
-            sk.bind((layout.node_ip(self.name), 0))
+            sk.bind((address or layout.node_ip(self.name), 0))
             return int(sk.getsockname()[1])
 
     def page_server(self, p: dict[str, str], b: dict[str, Any]) -> Any:
-        """Start a CRIU page server that receives the memory pages of checkpoint ``cid``."""
-        self.memory.release(p["cid"])
+        """Start a CRIU page server that receives the memory pages of checkpoint ``cid``. With
+        ``relay`` and the migration's key, CRIU listens on loopback only and the pages arrive at a
+        sealed relay (``transport.pagerelay``); else CRIU listens on the LAN, in its own TLS if on."""
+        cid = p["cid"]
+        self.memory.release(cid)
+        address = layout.node_ip(self.name)
+        if b.get("relay"):
+            key = seal.check_key(b.get("seal"))
+            port = self._free_port("127.0.0.1")
+            self.jobs[f"ps-{cid}"] = self.rt.page_server(self.files.pages(cid), "127.0.0.1", port)
+            relay = self.relays[cid] = pagerelay.TargetRelay(cid, key, address, port)
+            return {"address": address, "port": relay.port, "relay": True}
         port = self._free_port()  # the page server takes it right after
-        self.jobs[f"ps-{p['cid']}"] = self.rt.page_server(
-            self.files.pages(p["cid"]), layout.node_ip(self.name), port, tls=self.criu_tls(server=True)
+        self.jobs[f"ps-{cid}"] = self.rt.page_server(
+            self.files.pages(cid), address, port, tls=self.criu_tls(server=True)
         )
-        return {"address": layout.node_ip(self.name), "port": port}
+        return {"address": address, "port": port, "relay": False}
+
+    def dump_to_page_server(self, cid: str, b: dict[str, Any]) -> tuple[tuple[str, ...], pagerelay.SourceRelay | None]:
+        """CRIU's options for a dump whose pages go to the page server in ``b["page_server"]`` (a
+        source relay started for it when the target has one), or none."""
+        ps = b.get("page_server")
+        if not ps:
+            return (), None
+        # both go into CRIU's configuration file: parsed, so that no value can add an option
+        address, port = names.ipv4(ps.get("address")), names.port(ps.get("port"))
+        relay = None
+        if ps.get("relay"):
+            relay = pagerelay.SourceRelay(cid, seal.check_key(b.get("seal")), (address, port))
+            criu: tuple[str, ...] = ("page-server", "address=127.0.0.1", f"port={relay.port}")
+        else:
+            criu = ("page-server", f"address={address}", f"port={port}", *self.criu_tls(server=False))
+        if b.get("leave_stopped"):
+            criu += ("leave-stopped",)
+        return criu, relay
 
     def checkpoint_lazy(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         cid = b["checkpoint_id"]

@@ -15,6 +15,8 @@ from podmigrate.errors import UsageError
 CHANGES = {
     "restore-image-check": "the target's restore no longer asks podman whether the image is there first "
     "(validate made sure of it before the freeze)",
+    "criu-tls-pages": "a sealed migration's streamed pages cross in CRIU's own TLS (GnuTLS, 16 KB records "
+    "inside the freeze) instead of the agents' sealed relay (transport.pagerelay)",
     "restored-check-before-cutover": "the restored copy's state and addresses are checked after its first "
     "answer, not between the restore and the route switch",
 }

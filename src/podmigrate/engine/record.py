@@ -100,6 +100,7 @@ class Bytes(TypedDict, total=False):
     pushed: int  # to the registry
     pulled: int  # from the registry
     sent: int  # agent to agent
+    page_relay: dict[str, int]  # plaintext each way through the sealed page relay (pages, answers)
 
 
 class CheckpointImage(TypedDict):
@@ -154,7 +155,7 @@ class Record(RunRecord, total=False):
     probe: ProbeRec
     state_before: dict[str, Any]  # the workload's /state before and after (stream-server workloads)
     state_after: dict[str, Any]
-    page_server: dict[str, Any] | None  # stream: the target's page server (address, port)
+    page_server: dict[str, Any] | None  # stream: the target's page server (address, port, relay)
     leave_stopped: bool  # stream stop-copy: the source stays frozen (not killed) until the target serves
     freeze_started: float  # when the source stopped serving (dump or stop began)
     checkpoint_at: float  # when the dump ended

@@ -26,7 +26,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from podmigrate.errors import TransportError
+from podmigrate.errors import TransportError, UsageError
 
 MAGIC = b"PMSEAL1\n"
 SALT = 16
@@ -40,6 +40,13 @@ KEY_BYTES = 32
 def new_key() -> str:
     """A migration's key, as the hex string that travels in agent requests."""
     return os.urandom(KEY_BYTES).hex()
+
+
+def check_key(key: object) -> str:
+    """A request's seal key, or a UsageError saying what a key is."""
+    if not isinstance(key, str) or len(key) != 2 * KEY_BYTES:
+        raise UsageError(f"a seal key is {2 * KEY_BYTES} hex digits ({KEY_BYTES} bytes)")
+    return key
 
 
 def _aead(key_hex: str, salt: bytes, context: str) -> AESGCM:
@@ -64,27 +71,42 @@ def sealed_size(plain: int) -> int:
     return HEADER + plain + frames * (4 + TAG)
 
 
+class Sealer:
+    """Seals one stream frame by frame: ``header()`` first, then ``frame()`` per piece (at most
+    FRAME bytes), the last one with ``final=True``. For streams that cannot wait for a full frame
+    (``transport.pagerelay``'s request/answer traffic); ``seal`` below cuts a stream into full ones."""
+
+    def __init__(self, key_hex: str, context: str):
+        self.context, self.salt = context, os.urandom(SALT)
+        self.aead = _aead(key_hex, self.salt, context)
+        self.i = 0
+
+    def header(self) -> bytes:
+        return MAGIC + self.salt
+
+    def frame(self, data: bytes | memoryview, final: bool = False) -> bytes:
+        if len(data) > FRAME:
+            raise ValueError(f"a sealed frame holds at most {FRAME} bytes")
+        ct = self.aead.encrypt(_nonce(self.i), data, _aad(self.context, self.i, final))
+        self.i += 1
+        return struct.pack(">I", len(ct) | (_FINAL if final else 0)) + ct
+
+
 def seal(blocks: Iterator[bytes], key_hex: str, context: str) -> Iterator[bytes]:
     """Seal a stream of blocks (any sizes) into frames; yields bytes ready to send."""
-    salt = os.urandom(SALT)
-    aead = _aead(key_hex, salt, context)
-    yield MAGIC + salt
+    s = Sealer(key_hex, context)
+    yield s.header()
     buf = bytearray()
-    i = 0
     for block in blocks:
         buf += block
         while len(buf) > FRAME:  # keep a remainder: the final frame must be the last one
             chunk = bytes(buf[:FRAME])
             del buf[:FRAME]
-            yield struct.pack(">I", len(chunk) + TAG) + aead.encrypt(_nonce(i), chunk, _aad(context, i, False))
-            i += 1
+            yield s.frame(chunk)
     if len(buf) == FRAME:  # sealed_size counts an empty final frame after a full one
-        chunk = bytes(buf)
-        yield struct.pack(">I", FRAME + TAG) + aead.encrypt(_nonce(i), chunk, _aad(context, i, False))
-        i += 1
+        yield s.frame(bytes(buf))
         buf.clear()
-    ct = aead.encrypt(_nonce(i), bytes(buf), _aad(context, i, True))
-    yield struct.pack(">I", (len(ct)) | _FINAL) + ct
+    yield s.frame(bytes(buf), final=True)
 
 
 class Opener:
@@ -104,33 +126,48 @@ class Opener:
             hint="it was tampered with, cut short, or comes from another migration",
         )
 
+    def start(self, header: bytes) -> None:
+        """Take the stream's header (HEADER bytes)."""
+        if header[: len(MAGIC)] != MAGIC or len(header) != HEADER:
+            raise self._refuse("no seal header")
+        self.aead = _aead(self.key_hex, bytes(header[len(MAGIC) :]), self.context)
+
+    def length(self, word: bytes) -> tuple[int, bool]:
+        """The sealed length of the frame a 4-byte length word announces, and whether it is final."""
+        if self.done:
+            raise self._refuse("bytes after the final frame")
+        (n,) = struct.unpack(">I", word)
+        final, n = bool(n & _FINAL), n & ~_FINAL
+        if n < TAG or n > FRAME + TAG:
+            raise self._refuse(f"a frame of {n} bytes")
+        return n, final
+
+    def open(self, ct: bytes | memoryview, final: bool) -> bytes:
+        """The plaintext of the next frame (its ciphertext and tag, without the length word)."""
+        assert self.aead is not None, "start() first"
+        try:
+            out = self.aead.decrypt(_nonce(self.i), ct, _aad(self.context, self.i, final))
+        except InvalidTag as e:
+            raise self._refuse(f"frame {self.i} does not authenticate") from e
+        self.i += 1
+        self.done = final
+        return out
+
     def feed(self, data: bytes) -> bytes:
         self.buf += data
         out = bytearray()
         if self.aead is None:
             if len(self.buf) < HEADER:
                 return b""
-            if bytes(self.buf[: len(MAGIC)]) != MAGIC:
-                raise self._refuse("no seal header")
-            self.aead = _aead(self.key_hex, bytes(self.buf[len(MAGIC) : HEADER]), self.context)
+            self.start(bytes(self.buf[:HEADER]))
             del self.buf[:HEADER]
         while len(self.buf) >= 4:
-            if self.done:
-                raise self._refuse("bytes after the final frame")
-            (word,) = struct.unpack(">I", self.buf[:4])
-            final, n = bool(word & _FINAL), word & ~_FINAL
-            if n < TAG or n > FRAME + TAG:
-                raise self._refuse(f"a frame of {n} bytes")
+            n, final = self.length(bytes(self.buf[:4]))
             if len(self.buf) < 4 + n:
                 break
             ct = bytes(self.buf[4 : 4 + n])
             del self.buf[: 4 + n]
-            try:
-                out += self.aead.decrypt(_nonce(self.i), ct, _aad(self.context, self.i, final))
-            except InvalidTag as e:
-                raise self._refuse(f"frame {self.i} does not authenticate") from e
-            self.i += 1
-            self.done = final
+            out += self.open(ct, final)
         return bytes(out)
 
     def close(self) -> None:

@@ -28,6 +28,7 @@ def checkpoint(ctx: Ctx) -> None:
             # frozen (not killed) until the target serves, as the copy to roll back to
             "page_server": rec.get("page_server"),
             "leave_stopped": rec.get("leave_stopped", False),
+            **(ctx.seal() if (rec.get("page_server") or {}).get("relay") else {}),
         },
     )
     rec["freeze_started"] = res["started"]
@@ -37,6 +38,8 @@ def checkpoint(ctx: Ctx) -> None:
     breakdown.note(rec, "source", res.get("timeline"))
     if rec.get("page_server"):
         rec["bytes"]["pages"] = int(res["stats"].get("pages_written", 0)) * 4096
+    if res.get("page_relay"):
+        rec["bytes"]["page_relay"] = res["page_relay"]["bytes"]
 
 
 def undo_checkpoint(ctx: Ctx) -> str:
@@ -124,7 +127,14 @@ def transfer(ctx: Ctx) -> None:
 
 def page_server(ctx: Ctx) -> None:
     rec = ctx.rec
-    rec["page_server"] = ctx.agent(rec["target"]).post(f"/v1/checkpoints/{rec['id']}/page-server")
+    sealed = ctx.seal()
+    # sealed migrations send their pages through the agents' sealed relay, not CRIU's TLS
+    relay = bool(sealed) and not paths.old("criu-tls-pages")
+    ps = ctx.agent(rec["target"]).post(
+        f"/v1/checkpoints/{rec['id']}/page-server", {"relay": relay, **(sealed if relay else {})}
+    )
+    rec["page_server"] = ps
+    rec["security"]["pages"] = "sealed relay (AES-256-GCM)" if ps.get("relay") else "CRIU TLS" if sealed else "clear"
     rec["leave_stopped"] = rec["mode"] == "stop-copy"
 
 
