@@ -62,17 +62,25 @@ def test_a_target_that_fails_takes_no_more_workloads_and_the_rest_is_planned_on_
     assert len(retried) == 1  # the one that hit node-b rolled back and moved again
 
 
-def test_a_workload_whose_every_target_fails_is_reported_with_the_reason_and_still_serves(lab: FakeLab) -> None:
+def test_a_workload_whose_every_target_fails_is_parked_or_else_reported_with_the_reason(lab: FakeLab) -> None:
+    from podmigrate.engine import parking
+
     for n in ("node-b", "node-c"):
         lab.world.fail(n, "POST", r"^/v1/checkpoints/[^/]+/restore(-lazy)?$", message=f"{n} broke", times=99)
+    lab.world.fail("node-a", "POST", r"^/v1/checkpoints/[^/]+/push$", message="registry full", times=1)
     before = heaps(lab)
     rec = Evacuation(lab, "node-a", deadline_s=120).run()
-    assert not rec["empty"] and not rec["met_deadline"]
     assert set(rec["failed_targets"]) == {"node-b", "node-c"}
-    assert all(w["status"] == "lost" for w in rec["workloads"]), rec["workloads"]
-    assert all("no target has" in w["why"] for w in rec["workloads"])
-    assert heaps(lab) == before  # rolled back: each still serves on node-a, nothing lost silently
-    assert sorted(rec["left_running"]) == ["w1", "w2", "w3"]
+    by = {w["workload"]: w for w in rec["workloads"]}
+    parked = sorted(n for n, w in by.items() if w["status"] == "parked")
+    (failed,) = [w for w in by.values() if w["status"] != "parked"]  # the one whose push failed
+    assert len(parked) == 2 and all("no target has" in by[n]["why"] for n in parked)
+    assert failed["status"] == "failed" and failed["why"].startswith("parking it failed: migration ")
+    assert "failed in phase push: registry full; rolled back, it runs on node-a" in failed["why"]
+    assert not rec["empty"] and not rec["met_deadline"] and rec["left_running"] == [failed["workload"]]
+    # nothing lost silently: two in the registry, the third rolled back and serving where it was
+    assert sorted(e["workload"] for e in parking.listing(lab)) == parked
+    assert heaps(lab) == {failed["workload"]: before[failed["workload"]], "stays": before["stays"]}
 
 
 def test_a_dry_run_plans_with_predicted_times_and_changes_nothing(lab: FakeLab) -> None:
@@ -144,3 +152,24 @@ def test_the_evacuation_benchmark_reads_its_workload_set_and_tabulates_runs() ->
     md = markdown({"workloads": "x", "resident_bytes": GB, "runs": 2, "deadline_s": 120, "when": "now",
                    "variants": tab, "study_1gb_s": 36.8})  # fmt: skip
     assert "| planned | 1 | lazy/stream | 2/2 | 16.0 s (12.0-20.0) | 0.400 s | 2/2 runs | 2 / 2 / 1 of 2 |" in md
+
+
+def test_a_workload_no_target_can_hold_is_parked_and_restored_later_with_its_heap(lab: FakeLab) -> None:
+    from podmigrate.engine import parking
+    from podmigrate.engine.controller import restore
+
+    before = heaps(lab)
+    for n in ("node-b", "node-c"):  # room for none of the three
+        lab.world.nodes[n].facts["mem_available_bytes"] = 200 << 20
+    rec = Evacuation(lab, "node-a", deadline_s=120).run()
+    assert {w["status"] for w in rec["workloads"]} == {"parked"}, rec["workloads"]
+    assert all("restorable later" in w["why"] and "podmigrate restore" in w["why"] for w in rec["workloads"])
+    assert rec["empty"] and sorted(rec["parked"]) == ["w1", "w2", "w3"]
+    assert [s["action"] for s in rec["plan"]["steps"]] == ["park"] * 3
+    assert not [c for c in lab.world.nodes["node-a"].containers.values() if c.serves()]
+    assert sorted(e["workload"] for e in parking.listing(lab)) == ["w1", "w2", "w3"]
+    lab.world.nodes["node-c"].facts.pop("mem_available_bytes")
+    for name in ("w1", "w2", "w3"):
+        assert restore(lab, name, "node-c")["state"] == "kept"
+    assert heaps(lab) == before and parking.listing(lab) == []
+    assert lab.world.registry == {}  # each image went with its restore

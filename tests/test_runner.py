@@ -15,8 +15,8 @@ from podmigrate.engine.controller import Plan, migrate, recover, store_for
 from podmigrate.errors import MigrationFailed, UsageError
 from tests.fake_lab import CAPABILITIES, ControllerDied, FakeLab
 
-# (mode, transport) of every lab container row of the plan table
-ROWS = [(m, t) for (s, m, t) in plans.PLANS if s == "container"]
+# (mode, transport) of every lab container row of the plan table that moves it to another node
+ROWS = [(m, t) for (s, m, t) in plans.PLANS if s == "container" and m != "park"]
 # the agent call each phase makes first: where a fault in that phase is injected (after letting
 # pass the calls to it that earlier phases make: validate reads the workload's state once)
 CALLS: dict[str, tuple[str, str, str, int]] = {
@@ -426,3 +426,35 @@ def test_an_unknown_change_is_refused_with_the_list_of_changes() -> None:
     with pytest.raises(UsageError, match="no such change: fast") as e:
         paths.parse("fast")
     assert e.value.hint and "restored-check-before-cutover" in e.value.hint
+
+
+def test_a_parked_workload_is_restored_through_its_own_row_with_the_same_process(lab):
+    before = started(lab)
+    parked = controller.park(lab, "web")
+    assert [p["name"] for p in parked["phases"]] == [p.value for p in plans.row("container", "park", "registry").phases]
+    assert not [x for _, x in lab.world.where("web") if x.serves()] and len(lab.world.registry) == 1
+    rec = controller.restore(lab, "web", "node-b")
+    assert [p["name"] for p in rec["phases"]] == [p.value for p in plans.row("parked", "stop-copy", "registry").phases]
+    assert rec["state"] == "kept" and rec["checkpoint_id"] == parked["id"]
+    assert_serves_on(lab, "node-b", before)
+    assert_nothing_left(lab)
+
+
+@pytest.mark.parametrize("phase", ["pull", "restore", "cutover", "verify"])
+def test_a_restore_that_fails_in_any_phase_leaves_the_workload_parked(lab, phase):
+    from podmigrate.engine import parking
+
+    before = started(lab)
+    controller.park(lab, "web")
+    role, method, path, skip = CALLS[phase]
+    lab.world.fail(AGENT[role], method, path, message=f"{phase} broke", skip=skip)
+    with pytest.raises(
+        MigrationFailed, match=f"failed in phase {phase}: {phase} broke; rolled back, it is still parked"
+    ):
+        controller.restore(lab, "web", "node-b")
+    assert [e["workload"] for e in parking.listing(lab)] == ["web"] and len(lab.world.registry) == 1
+    assert not [x for _, x in lab.world.where("web") if x.serves()]
+    assert lab.world.nodes["node-b"].checkpoints == {}
+    controller.restore(lab, "web", "node-b")  # and the next one brings it back
+    assert_serves_on(lab, "node-b", before)
+    assert_nothing_left(lab)

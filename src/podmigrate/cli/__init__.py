@@ -3,8 +3,8 @@
 Errors print as ``ERROR: message`` plus a hint and the details that help (CRIU log lines, a
 failing command's output); ``-v`` adds the traceback. This module holds the ``main`` group (the
 ``podmigrate`` entry point); the commands live by group beside it: ``lab``, ``workload``,
-``migrate`` (migrate, history, gc), ``evacuate`` (evacuate, watch, lab notice/cordon/uncordon), ``bench`` (bench,
-report, demo) and ``k8s``; ``output`` prints.
+``migrate`` (migrate, history, gc), ``park`` (park, restore, parked), ``evacuate`` (evacuate,
+watch, lab notice/cordon/uncordon), ``bench`` (bench, report, demo) and ``k8s``; ``output`` prints.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from podmigrate.cli import bench, evacuate, k8s, lab, migrate, workload
+from podmigrate.cli import bench, evacuate, k8s, lab, migrate, park, workload
 from podmigrate.cli.output import fail
 from podmigrate.errors import PodmigrateError
 
@@ -44,6 +44,9 @@ main.add_command(workload.workload)
 main.add_command(migrate.migrate)
 main.add_command(migrate.history)
 main.add_command(migrate.gc)
+main.add_command(park.park)
+main.add_command(park.restore)
+main.add_command(park.parked)
 main.add_command(evacuate.evacuate)
 main.add_command(evacuate.watch_cmd, "watch")
 main.add_command(bench.demo)

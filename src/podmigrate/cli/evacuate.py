@@ -115,6 +115,9 @@ def render_result(rec: dict[str, Any]) -> None:
         f"{'met' if rec['met_deadline'] else 'MISSED'}); median blackout "
         f"{f'{mb:.3f} s' if mb is not None else '-'}; state kept {rec['state_kept']}/{len(rec['workloads'])}"
     )
+    if rec.get("parked"):
+        out.print(f"parked in the registry, state and all: {', '.join(rec['parked'])} "
+                  "(podmigrate parked; podmigrate restore NAME --to NODE)")  # fmt: skip
     for n, why in rec["failed_targets"].items():
         err.print(f"[yellow]target {n} failed:[/] {why}")
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import cast
 
 from podmigrate import layout, transport
-from podmigrate.engine import plans, summary
+from podmigrate.engine import parking, plans, summary
 from podmigrate.engine.phases import PROBE_FROM, Ctx, Report, implementations
 from podmigrate.engine.phases.traffic import release_target_memory, start_probe, stop_probe_quietly
 from podmigrate.engine.phases.validate import parse_probe
@@ -31,9 +31,10 @@ from podmigrate.lab.claims import Claims
 from podmigrate.lab.handle import LabHandle
 from podmigrate.transport.registry import repository_component
 
-__all__ = ["MODES", "TRANSPORTS", "Plan", "migrate", "parse_probe", "recover", "store_for"]
+__all__ = ["MODES", "TRANSPORTS", "Plan", "migrate", "parse_probe", "recover", "restore", "store_for"]
 
 MODES = ("stop-copy", "decoupled", "lazy", "cold")
+PARK = "park"  # not a way to another node: the checkpoint waits in the registry (engine.phases.parked)
 # the transports' siblings (transport.TRANSPORTS); archive is podman's own --export / --import path
 # with an agent-to-agent copy (a baseline)
 TRANSPORTS = tuple(transport.TRANSPORTS)
@@ -144,7 +145,7 @@ def new_record(plan: Plan) -> Record:
         "source": None,
         "target": plan.target,
         "mode": plan.mode,
-        "transport": {"cold": "none", "lazy": "stream"}.get(plan.mode, plan.transport),
+        "transport": {"cold": "none", "lazy": "stream", PARK: "registry"}.get(plan.mode, plan.transport),
         "status": "running",
         "phase": None,
         "phases": [],
@@ -158,6 +159,9 @@ def new_record(plan: Plan) -> Record:
 
 
 def check_request(lab: LabHandle, plan: Plan) -> None:
+    if plan.mode == PARK:
+        lab.require_up()
+        return
     if plan.mode not in MODES:
         raise UsageError(f"unknown mode {plan.mode!r}", hint=f"modes: {', '.join(MODES)}")
     if plan.compression not in COMPRESSIONS:
@@ -177,18 +181,44 @@ def check_request(lab: LabHandle, plan: Plan) -> None:
 def migrate(lab: LabHandle, plan: Plan, report: Report = lambda _m: None) -> Record:
     """Run one migration; returns its record, or raises MigrationFailed after rolling back."""
     check_request(lab, plan)
+    return _run(lab, new_record(plan), report)
+
+
+def park(lab: LabHandle, workload: str, report: Report = lambda _m: None) -> Record:
+    """Checkpoint ``workload`` into the registry and leave it there, for ``restore``."""
+    return migrate(lab, Plan(workload, "", PARK, "registry"), report)
+
+
+def restore(lab: LabHandle, workload: str, target: str, report: Report = lambda _m: None) -> Record:
+    """Restore a parked ``workload`` on ``target``, its state checked against the parked one; a
+    failure leaves it parked."""
+    entry, key = parking.load(lab, workload)
+    plan = Plan(workload, target, "stop-copy", "registry")
+    check_request(lab, plan)
+    rec = new_record(plan)
+    rec["scope"] = "parked"
+    rec["checkpoint_id"] = entry["checkpoint_id"]
+    rec["reference"] = entry["reference"]
+    rec["checkpoint_image"] = entry["checkpoint_image"]
+    rec["parked"] = entry
+    rec["security"] = {"sealed": bool(entry["sealed"]), "criu_tls": False, "agents": "mutual TLS"}
+    return _run(lab, rec, report, key)
+
+
+def _run(lab: LabHandle, record: Record, report: Report, key: str | None = None) -> Record:
+    plan = record["plan"]
     store = store_for(lab)
     recover(lab, store, report)
     for other in store.active():
-        if other["workload"] == plan.workload:
+        if other["workload"] == plan["workload"]:
             raise UsageError(
-                f"{plan.workload!r} is already being migrated ({other['id']}, pid {other['controller_pid']})",
+                f"{plan['workload']!r} is already being migrated ({other['id']}, pid {other['controller_pid']})",
                 hint="wait for it to finish",
             )
-    ctx = Ctx(lab, store, new_record(plan), report)
+    ctx = Ctx(lab, store, record, report, seal_key=key)
     claims = Claims(lab.dir)
     try:
-        claims.take(plan.workload, ctx.rec["id"])  # atomic: the check above alone races another migrate
+        claims.take(plan["workload"], ctx.rec["id"])  # atomic: the check above alone races another migrate
     except UsageError:
         ctx.close()
         raise
@@ -220,19 +250,15 @@ def migrate(lab: LabHandle, plan: Plan, report: Report = lambda _m: None) -> Rec
             return rec
         store.save(rec)
         err = as_error(runner.error or PodmigrateError("the migration stopped"))
-        where = rec.get("source") or "its node"
+        where = "is still parked" if rec.get("scope") == "parked" else f"runs on {rec.get('source') or 'its node'}"
         raise MigrationFailed(
             f"migration {rec['id']} of {rec['workload']!r} failed in phase {rec['phase']}: {err.message}; "
-            + (
-                "rolled back, it runs on " + where
-                if rec["status"] == "rolled_back"
-                else "ROLLBACK FAILED: see the record"
-            ),
+            + ("rolled back, it " + where if rec["status"] == "rolled_back" else "ROLLBACK FAILED: see the record"),
             hint=err.hint,
             details={"record": rec, **err.details},
         ) from runner.error
     finally:
-        claims.release(plan.workload, ctx.rec["id"])
+        claims.release(plan["workload"], ctx.rec["id"])
         ctx.close()
 
 

@@ -10,7 +10,8 @@ rollback and record are the single migration's). A migration that fails has roll
 workload serves on its node again); if its target failed (a target-side phase, or its agent stopped
 answering) that target takes no more workloads and everything not yet started is planned again on
 the others, with the time that is left; otherwise it is tried once more another way. Nothing is lost
-silently: every workload ends moved, restarted (state lost, said so), or not moved with the reason.
+silently: every workload ends moved, parked in the registry (``podmigrate restore`` brings it back),
+restarted (state lost, said so), or not moved with the reason.
 A SIGINT or SIGTERM starts no more migrations and lets the running ones finish (a migration cut
 short would roll back, not evacuate). The record (``<lab>/evacuations/<id>.json``) keeps the plan,
 every re-plan and per workload what happened; past records teach ``slowdowns``.
@@ -58,7 +59,7 @@ class Outcome:
     memory: int
     source: str
     pod: str | None = None
-    status: str = "waiting"  # waiting | running | moved | restarted | failed | lost
+    status: str = "waiting"  # waiting | running | moved | parked | restarted | failed | lost
     doing: str = ""
     mode: str | None = None
     transport: str | None = None
@@ -231,7 +232,8 @@ class Evacuation:
         for n, why in down.items():
             self.failed_targets[n] = f"its agent does not answer: {why}"
         rates = {k: r for k, r in self.rates.items() if k not in skip and k != rates_mod.PARK}
-        return schedule.plan(ws, ts, rates, left_s, slow, cold=self.rates.get(rates_mod.COLD), reserve=RESERVE)
+        park = None if rates_mod.PARK in skip else self.rates.get(rates_mod.PARK)
+        return schedule.plan(ws, ts, rates, left_s, slow, park, self.rates.get(rates_mod.COLD), RESERVE)
 
     def _replan(self, ws: list[Workload], why: str, skip: AbstractSet[str] = frozenset()) -> list[Step]:
         now = self.elapsed()
@@ -271,7 +273,7 @@ class Evacuation:
             while queue and len(running) < self.parallel and not self.stopping:
                 step = queue.pop(0)
                 o = self.outcomes[step.workload]
-                if step.action in ("lost", "park"):  # parking is planned out (see _plan): lost with why
+                if step.action == "lost":
                     o.status, o.why = "lost", step.why
                     continue
                 if self.elapsed() + (step.end_s - step.start_s) > self.deadline_s:
@@ -298,6 +300,8 @@ class Evacuation:
         def note(msg: str) -> None:
             o.doing = msg[:80]
 
+        if step.action == "park":  # no node can take it in time: into the registry, for `podmigrate restore`
+            return self.migrate(self.lab, Plan(step.workload, "", "park", "registry"), note)
         assert step.target and step.mode and step.transport
         plan = Plan(step.workload, step.target, step.mode, step.transport if step.mode != "cold" else "stream")
         return self.migrate(self.lab, plan, note)
@@ -309,6 +313,10 @@ class Evacuation:
         err = f.exception()
         if err is None:
             done = f.result()
+            if step.action == "park":
+                o.status, o.target, o.migration = "parked", None, done["id"]
+                o.why = f"{step.why}; `podmigrate restore {o.workload} --to NODE` brings it back"
+                return queue
             o.status = "restarted" if step.mode == "cold" else "moved"
             o.migration, o.blackout_s = done["id"], done.get("blackout_s")
             o.bytes_moved, o.state = done.get("bytes_moved"), done.get("state")
@@ -316,6 +324,9 @@ class Evacuation:
         rec: dict[str, Any] = getattr(err, "details", {}).get("record") or {}
         o.migration = rec.get("id")
         message = err.message if isinstance(err, PodmigrateError) else repr(err)
+        if step.action == "park":  # rolled back: it serves where it was, until the deadline stops it
+            o.status, o.why = "failed", f"parking it failed: {message}"  # (which says where it runs)
+            return queue
         assert step.target
         if rec.get("status") not in (None, "rolled_back"):
             o.status, o.why = "failed", f"{message} (its record {o.migration} says where it is)"
@@ -357,6 +368,7 @@ class Evacuation:
             "time_to_empty_s": emptied,
             "median_blackout_s": round(statistics.median(blackouts), 3) if blackouts else None,
             "state_kept": sum(o.state == "kept" for o in moved),
+            "parked": [o.workload for o in self.outcomes.values() if o.status == "parked"],
             "interrupted_by": self.stopping,
             "failed_targets": self.failed_targets,
             "rates": {k: r.basis for k, r in self.rates.items()},

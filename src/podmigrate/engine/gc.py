@@ -12,6 +12,7 @@ import json
 from typing import Any
 
 from podmigrate import layout
+from podmigrate.engine import parking
 from podmigrate.engine.controller import recover, store_for
 from podmigrate.lab.claims import Claims
 from podmigrate.lab.cluster import Report
@@ -32,6 +33,10 @@ def collect(lab: LabHandle, dry_run: bool = False, report: Report = lambda _m: N
     inv = manage.inventory(lab)
     running = {c["name"]: n for n, cs in inv.items() for c in cs if c["state"] == "running"}
     held = {ip for cs in inv.values() for c in cs if c["state"] == "running" for ip in c["ips"]}
+    # a parked workload's image is its only copy, and its address is still its own
+    parked = parking.listing(lab)
+    active |= {str(e["checkpoint_id"]) for e in parked}
+    held |= {ip for e in parked for ip in e.get("service_addresses") or []}
     for node in lab.nodes:
         agent = lab.agent(node)
         try:

@@ -14,6 +14,8 @@ docs/architecture.md, equal to the code.
 | container | stop-copy, decoupled | archive | validate, checkpoint, transfer, restore, cutover, verify, cleanup | verify | rolls back |
 | container | lazy | stream | validate, checkpoint, transfer, restore, cutover, verify, pages, cleanup | restore | rolls back |
 | container | cold | none | validate, stop, start, cutover, verify, cleanup | verify | rolls back |
+| container | park | registry | validate, checkpoint, push, park, cleanup | park | rolls back |
+| parked | stop-copy | registry | validate, pull, restore, cutover, verify, cleanup | verify | rolls back |
 | pod | stop-copy, decoupled | archive | validate, checkpoint, transfer, restore, cutover, verify, cleanup | verify | rolls back |
 | kubernetes | decoupled | registry | validate, checkpoint, package, restore, cutover, cleanup | cutover | runs on |
 | kubernetes | stop-copy | registry | validate, isolate, checkpoint, package, restore, cutover, cleanup | cutover | runs on |
@@ -51,6 +53,7 @@ class PhaseName(StrEnum):
     CUTOVER = "cutover"  # traffic goes to the target (a route, an nft map element, a selector)
     VERIFY = "verify"  # the copy answers with the state the source had
     PAGES = "pages"  # lazy: every page has moved to the target
+    PARK = "park"  # the image stays in the registry, and what restoring it needs (engine.parking)
     CLEANUP = "cleanup"  # the source, the archives and images go; failures are warnings
 
 
@@ -74,7 +77,7 @@ _K8S = Resume.RERUN
 _COPY = ("stop-copy", "decoupled")
 
 # (scope, mode, transport) -> row. Scopes: a lab container, a lab pod (every member at once), a
-# Kubernetes pod. Lazy always streams; cold moves no checkpoint (transport "none").
+# parked container's checkpoint (restored from the registry), a Kubernetes pod. Lazy always streams; cold moves no checkpoint (transport "none").
 PLANS: dict[tuple[str, str, str], Row] = {
     **{
         ("container", m, "registry"): Row(
@@ -104,6 +107,12 @@ PLANS: dict[tuple[str, str, str], Row] = {
         (P.VALIDATE, P.CHECKPOINT, P.TRANSFER, P.RESTORE, P.CUTOVER, P.VERIFY, P.PAGES, P.CLEANUP), P.RESTORE, _LAB
     ),
     ("container", "cold", "none"): Row((P.VALIDATE, P.STOP, P.START, P.CUTOVER, P.VERIFY, P.CLEANUP), P.VERIFY, _LAB),
+    # no node can take it in time: the checkpoint waits in the registry for `podmigrate restore`
+    ("container", "park", "registry"): Row((P.VALIDATE, P.CHECKPOINT, P.PUSH, P.PARK, P.CLEANUP), P.PARK, _LAB),
+    # a parked checkpoint restored: until its verify, a failure leaves it parked
+    ("parked", "stop-copy", "registry"): Row(
+        (P.VALIDATE, P.PULL, P.RESTORE, P.CUTOVER, P.VERIFY, P.CLEANUP), P.VERIFY, _LAB
+    ),
     # every member dumped and restored under one lock of the pod's network namespace, so their
     # loopback connections survive; each member's archive goes agent to agent
     **{

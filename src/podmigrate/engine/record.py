@@ -134,7 +134,7 @@ class Record(RunRecord, total=False):
     workload: str  # as the user named it
     container: str  # the container on both nodes (the pod's name when scope is pod)
     container_id: str  # the source container's ID: a failed restore may leave storage under it
-    scope: str  # container | pod
+    scope: str  # container (default) | pod | parked (a restore from the registry)
     pod: PodPlan
     source: str | None  # node names
     target: str
@@ -146,6 +146,11 @@ class Record(RunRecord, total=False):
     updated: float
     controller_pid: int  # a dead pid with an active status means: recover
     image: str  # the container's base image
+    image_id: str  # and its ID (park: the restore's target needs that very image)
+    checkpoint_id: str  # a restore of a parked checkpoint: the park's id, which its seal names
+    parked: dict[str, Any]  # park: where the image is and how to restore it; restore: the parked entry
+    parked_for_s: float  # restore: from the park to the restore's end
+    service_probe: ProbeRec | None  # park: how the service is probed, kept for the restore
     target_image: dict[str, Any]  # the target agent's answer to fetching it (validate)
     member_images: dict[str, dict[str, Any]]  # pods: the same, per member
     target_memory: dict[str, Any]  # memory warmed on the target for the restore (reserve-memory)

@@ -182,7 +182,13 @@ def _one(
                     room[target][0] -= int(w.memory * 1.1)
                     room[target][1] -= 2 * w.memory
                     break
-        if step is None and park is not None and start + park.total(w.memory) * _f(slowdown, park) <= until:
+        parkable = park is not None and w.kind == "container"  # a pod or a Kubernetes pod is not parked
+        if (
+            step is None
+            and park is not None
+            and parkable
+            and start + park.total(w.memory) * _f(slowdown, park) <= until
+        ):
             end = start + park.total(w.memory) * _f(slowdown, park)
             step = Step(w.name, w.memory, "park", None, park.mode, park.transport, lane, start, end,
                         why=f"{why}: checkpointed into the registry instead, restorable later")  # fmt: skip

@@ -17,7 +17,9 @@ def summarize(rec: Record) -> None:
     if b and b.get("first_ok_after"):
         rec["blackout_s"] = b["blackout_s"]
         rec["blackout_method"] = "probe"
-    else:
+    elif rec["mode"] == "park":  # nobody serves until a restore: that one measures the outage
+        rec["blackout_method"] = "parked: the service is down until `podmigrate restore`"
+    else:  # (a restore: from the park's freeze to the copy's first answer)
         end = rec.get("first_answer_at") or ph["cutover"]["ended"]
         rec["blackout_s"] = round(end - rec["freeze_started"], 4)
         rec["blackout_method"] = "controller"
@@ -38,6 +40,7 @@ def summarize(rec: Record) -> None:
         total = sum(rec["phase_s"].get(p, 0) for p in ("push", "pull", "transfer"))
         moved = nbytes.get("archive", 0)
     rec["throughput_mb_s"] = round(moved / 2**20 / total, 1) if total else None
-    split = breakdown.steps(rec)
+    # a parked workload's outage is mostly the time it waited in the registry: no steps to split
+    split = None if rec["mode"] == "park" or rec.get("scope") == "parked" else breakdown.steps(rec)
     if split is not None:
         rec["blackout_steps"] = split

@@ -8,7 +8,7 @@ dump, a lazy dump or a whole pod's. Every undo works from the record alone and i
 from __future__ import annotations
 
 from podmigrate.engine.phases import container as c
-from podmigrate.engine.phases import lazy, pod, traffic
+from podmigrate.engine.phases import lazy, parked, pod, traffic
 from podmigrate.engine.phases.context import Ctx, Report
 from podmigrate.engine.phases.validate import validate
 from podmigrate.engine.plans import PhaseName as P
@@ -43,9 +43,19 @@ _POD = phase_table(
     Phase(P.TRANSFER, pod.pod_transfer, c.delete_target_copy, artifact=True),
     Phase(P.RESTORE, pod.pod_restore, c.undo_restore),
 )
+_PARK = phase_table(
+    Phase(P.VALIDATE, parked.validate_park),
+    Phase(P.PARK, parked.park, parked.undo_park),
+    Phase(P.CLEANUP, parked.cleanup_park),
+)
+_PARKED = phase_table(
+    Phase(P.VALIDATE, parked.validate_restore),
+    Phase(P.CLEANUP, parked.cleanup_restore),
+)
 # the phases that start the probe: from here on the service may stop answering
 PROBE_FROM = (P.CHECKPOINT, P.STOP)
 
 
 def implementations(scope: str, mode: str) -> dict[P, Phase[Ctx]]:
-    return {**_COMMON, **(_POD if scope == "pod" else _LAZY if mode == "lazy" else {})}
+    special = {"pod": _POD, "parked": _PARKED}.get(scope) or {"lazy": _LAZY, "park": _PARK}.get(mode, {})
+    return {**_COMMON, **special}

@@ -89,10 +89,15 @@ def undo_push(ctx: Ctx) -> str:
     return f"deleted {rec['reference']}" if gone else "no image to delete"
 
 
+def checkpoint_id(rec: Any) -> str:
+    """The checkpoint a migration moves: its own id, or a parked one's (which its seal names)."""
+    return str(rec.get("checkpoint_id") or rec["id"])
+
+
 def pull(ctx: Ctx) -> None:
     rec = ctx.rec
     res = ctx.agent(rec["target"]).post(
-        f"/v1/checkpoints/{rec['id']}/pull", {"reference": rec["reference"], **ctx.seal()}
+        f"/v1/checkpoints/{checkpoint_id(rec)}/pull", {"reference": rec["reference"], **ctx.seal()}
     )
     if res["layer_digest"] != rec["checkpoint_image"]["layer_digest"]:
         raise PodmigrateError(
@@ -104,7 +109,7 @@ def pull(ctx: Ctx) -> None:
 
 def delete_target_copy(ctx: Ctx) -> str:
     """The undo of everything that put checkpoint data on the target: pull, transfer, page server."""
-    ctx.agent(ctx.rec["target"]).delete(f"/v1/checkpoints/{ctx.rec['id']}")
+    ctx.agent(ctx.rec["target"]).delete(f"/v1/checkpoints/{checkpoint_id(ctx.rec)}")
     return f"deleted the archive on {ctx.rec['target']}"
 
 
@@ -143,7 +148,7 @@ def restore(ctx: Ctx) -> None:
     body: dict[str, Any] = {"tcp_established": rec["plan"]["tcp_established"]}
     if paths.old("restore-image-check"):
         body["image"] = rec["image"]
-    res = ctx.agent(rec["target"]).post(f"/v1/checkpoints/{rec['id']}/restore", body)
+    res = ctx.agent(rec["target"]).post(f"/v1/checkpoints/{checkpoint_id(rec)}/restore", body)
     rec["criu"]["restore"] = res["stats"]
     rec["restored_at"] = res["ended"]
     breakdown.note(rec, "target", res.get("timeline"))

@@ -116,7 +116,9 @@ def check_fit(ctx: Ctx, rss: int) -> None:
             hint="free memory on the target or pick another node",
         )
     need = 2 * rss + MARGIN
-    writers = [target] + ([source] if rec["transport"] in ("registry", "archive") else [])
+    # a restore of a parked checkpoint writes on the target alone (its source may be gone)
+    writes_at_source = rec["transport"] in ("registry", "archive") and rec.get("scope") != "parked"
+    writers = [target] + ([source] if writes_at_source else [])
     for node in writers:
         free = rec["nodes"][node].get("disk_free_bytes")
         if free is not None and need > free:

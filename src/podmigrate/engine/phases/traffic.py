@@ -157,7 +157,6 @@ def cleanup(ctx: Ctx) -> None:
     release_target_memory(ctx)
     rec = ctx.rec
     src, tgt = rec["source"] or "", rec["target"]
-    warnings: list[str] = []
     steps: tuple[tuple[str, Callable[[], object]], ...] = (
         ("drain", lambda: end_drain(ctx)),
         (
@@ -168,6 +167,12 @@ def cleanup(ctx: Ctx) -> None:
         ("target archive", lambda: ctx.agent(tgt).delete(f"/v1/checkpoints/{rec['id']}")),
         ("registry image", lambda: ctx.agent(tgt).post("/v1/registry/delete", {"reference": rec["reference"]})),
     )
+    best_effort(rec, steps)
+
+
+def best_effort(rec: Record, steps: tuple[tuple[str, Callable[[], object]], ...]) -> None:
+    """Run a cleanup's steps: each one's failure is a warning in the record, and the next still runs."""
+    warnings: list[str] = []
     for what, fn in steps:
         try:
             fn()

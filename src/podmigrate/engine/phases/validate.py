@@ -95,7 +95,7 @@ def _pod(ctx: Ctx, loc: manage.Located) -> None:
         )
 
 
-def _image_on_target(ctx: Ctx, source: str, c: Any) -> dict[str, Any]:
+def image_on_target(ctx: Ctx, source: str, c: Any) -> dict[str, Any]:
     """The container's very image (by ID) on the target: pulled there, or, when it was built or imported
     on the source alone (or the target's same-named image is another one), sent from the source,
     SHA-256 checked in transit and its ID checked after the load. All before the freeze."""
@@ -154,16 +154,26 @@ def validate(ctx: Ctx) -> None:
     if rec.get("scope") == "pod":  # every member's own image, each by ID (a sidecar's may be local-only)
         members = {x["name"]: x for x in ctx.agent(loc.node).get("/v1/containers")}
         rec["member_images"] = {
-            m: _image_on_target(ctx, loc.node, members[m]) for m in rec["pod"]["members"] if m in members
+            m: image_on_target(ctx, loc.node, members[m]) for m in rec["pod"]["members"] if m in members
         }
     else:
-        rec["target_image"] = _image_on_target(ctx, loc.node, c)
+        rec["target_image"] = image_on_target(ctx, loc.node, c)
     # warm the target's memory for the restore now, outside the blackout (see the agent's
     # reserve-memory); small containers are not worth it
     if rec["mode"] in ("stop-copy", "decoupled") and rec.get("scope") != "pod" and rss >= 64 << 20:
         rec["target_memory"] = ctx.agent(rec["target"]).post(
             f"/v1/checkpoints/{rec['id']}/reserve-memory", {"bytes": rss}
         )
+    probe_and_state(ctx, loc)
+    ctx.report(
+        f"{c['name']} ({c['id'][:12]}) on {loc.node} -> {rec['target']}, address {', '.join(c['ips']) or 'none'}"
+    )
+
+
+def probe_and_state(ctx: Ctx, loc: manage.Located) -> None:
+    """How the service is probed (``rec["probe"]``) and, for a heap server, the state it has now,
+    which verify compares the copy with."""
+    rec, c = ctx.rec, loc.container
     port = loc.port
     path_or_none: str | None = loc.probe_path or "/healthz"
     if rec["plan"].get("probe"):
@@ -176,9 +186,6 @@ def validate(ctx: Ctx) -> None:
             "interval": rec["plan"]["probe_interval"],
         }
         if c["labels"].get(manage.LABEL_KIND) == "stream-server":
-            before = manage.read_state(lab, c["ips"][0], port)
+            before = manage.read_state(ctx.lab, c["ips"][0], port)
             if before is not None:
                 rec["state_before"] = before
-    ctx.report(
-        f"{c['name']} ({c['id'][:12]}) on {loc.node} -> {rec['target']}, address {', '.join(c['ips']) or 'none'}"
-    )
