@@ -130,7 +130,7 @@ def test_how_much_slower_two_at_once_are_is_learned_per_mode_from_past_evacuatio
     assert basis.startswith("measured:") and "stop-copy 2 at once 2.0x (2 vs 2 alone)" in basis
 
 
-def test_the_evacuation_benchmark_reads_its_workload_set_and_tabulates_runs() -> None:
+def test_the_evacuation_benchmark_reads_its_workload_set_and_tabulates_runs(tmp_path: Path) -> None:
     from podmigrate.bench.evacuate import markdown, parse_set, table
 
     assert [(mb, pod) for _, mb, pod in parse_set("2x256,1x1024,pod64")] == [(256, False)] * 2 + [
@@ -151,7 +151,10 @@ def test_the_evacuation_benchmark_reads_its_workload_set_and_tabulates_runs() ->
     assert tab["planned"]["met"] == {"120": 2, "30": 2, "15": 1} and tab["sequential"]["state_kept"] == "0/1 runs"
     md = markdown({"workloads": "x", "resident_bytes": GB, "runs": 2, "deadline_s": 120, "when": "now",
                    "variants": tab, "study_1gb_s": 36.8})  # fmt: skip
-    assert "| planned | 1 | lazy/stream | 2/2 | 16.0 s (12.0-20.0) | 0.400 s | 2/2 runs | 2 / 2 / 1 of 2 |" in md
+    assert (
+        "| planned | 1 | lazy/stream | 2/2 | 16.0 s (12.0-20.0) | 0.400 s | 2/2 runs | 2 / 2 / 1 of 2 | 2 / 0 / 0 / 0 |"
+        in md
+    )
 
 
 def test_a_workload_no_target_can_hold_is_parked_and_restored_later_with_its_heap(lab: FakeLab) -> None:

@@ -17,6 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from podmigrate.bench import memory, suite
+from podmigrate.engine import parking
+from podmigrate.engine.controller import Plan, migrate, restore
 from podmigrate.engine.evacuate import Evacuation
 from podmigrate.errors import PodmigrateError
 from podmigrate.lab import cordon
@@ -27,6 +30,7 @@ from podmigrate.workload.image import ready_lab
 STUDY_1GB_S = 36.8  # the study's budget for one 1 GB pod against the 120 s Spot notice
 DEADLINES = (120, 30, 15)
 VARIANTS = {"planned": None, "sequential": 1}  # --parallel of each: None lets the plan choose
+OUTCOMES = ("moved", "parked", "restarted", "lost")  # how each workload of a run ended (failed counts as lost)
 
 
 def parse_set(text: str) -> list[tuple[str, int, bool]]:
@@ -54,9 +58,14 @@ def run(
     runs: int = 2,
     deadline_s: float = 120.0,
     report: Callable[[str], None] = lambda _m: None,
+    warm_memory_gib: float | None = 0,  # None: all free memory but 4 GiB (bench.memory.warm)
 ) -> dict[str, Any]:
     ready_lab(lab, nodes=2, report=report)
     out_dir.mkdir(parents=True, exist_ok=True)
+    warmed = memory.warm(warm_memory_gib) if warm_memory_gib != 0 else {"gib": 0, "seconds": 0.0}
+    report(f"guest memory warm-up: touched {warmed['gib']} GiB in {warmed['seconds']} s")
+    mach = {**suite.machine(lab), "guest_memory_warmup": warmed}
+    (out_dir / "machine.json").write_text(json.dumps(mach, indent=2))
     chosen = parse_set(workloads)
     names = [n for n, _, _ in chosen]
     for name, mb, pod in chosen:
@@ -73,6 +82,7 @@ def run(
                 report(f"run {i + 1}/{runs}, {variant}: evacuating {node} to {other}")
                 rec = Evacuation(lab, node, deadline_s, [other], parallel, report).run()
                 cordon.uncordon(lab, node)
+                _regroup(lab, names, other, report)  # parked ones back, leftovers over: same layout next run
                 after = _states(lab, names)
                 kept = {n: after[n]["sha256"] == before[n]["sha256"] and after[n]["started"] == before[n]["started"]
                         for n in names}  # fmt: skip
@@ -80,7 +90,7 @@ def run(
                              "record": rec})  # fmt: skip
                 with (out_dir / "evacuations.jsonl").open("a") as f:
                     f.write(json.dumps(rows[-1], default=str) + "\n")
-                node = other if rec["empty"] else node
+                node = other
     finally:
         for name in names:
             with contextlib.suppress(PodmigrateError):
@@ -89,10 +99,25 @@ def run(
             cordon.uncordon(lab, n)
     when = time.strftime("%Y-%m-%d %H:%M:%S")
     summary = {"workloads": workloads, "resident_bytes": _resident(rows), "runs": runs, "deadline_s": deadline_s,
-               "when": when, "variants": table(rows), "study_1gb_s": STUDY_1GB_S}  # fmt: skip
+               "when": when, "variants": table(rows), "study_1gb_s": STUDY_1GB_S,
+               "warmed_gib": warmed["gib"]}  # fmt: skip
     (out_dir / "evacuate.json").write_text(json.dumps({**summary, "rows": rows}, indent=2, default=str) + "\n")
     (out_dir / "evacuate.md").write_text(markdown(summary) + "\n")
     return summary
+
+
+def _regroup(lab: Lab, names: list[str], node: str, report: Callable[[str], None]) -> None:
+    """Every workload of the set on ``node``, outside the timing: parked ones restored there (the
+    restore checks their state), what an evacuation left behind moved over (stop-copy)."""
+    for e in parking.listing(lab):
+        if e["workload"] in names:
+            report(f"restoring parked {e['workload']} on {node}")
+            restore(lab, e["workload"], node)
+    for name in names:
+        loc = manage.locate(lab, name)  # (a pod: its server, by which it moves whole)
+        if loc.node != node:
+            report(f"moving {name}, left behind, to {node}")
+            migrate(lab, Plan(loc.container["name"], node, "stop-copy", "stream"))
 
 
 def _resident(rows: list[dict[str, Any]]) -> int:
@@ -123,20 +148,27 @@ def table(rows: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
                 {f"{w['mode']}/{w['transport']}" for r in rs for w in r["record"]["workloads"] if w["mode"]}
             ),
             "state_kept": f"{sum(all(r['kept'].values()) for r in rs)}/{len(rs)} runs",
+            "outcomes": {st: sum(_ended(w) == st for r in rs for w in r["record"]["workloads"]) for st in OUTCOMES},
             "met": {str(d): sum(_met(r, d) for r in rs) for d in DEADLINES},
         }
     return out
 
 
+def _ended(w: dict[str, Any]) -> str:
+    """moved, parked, restarted or lost (a workload that failed to move and was stopped by the deadline)."""
+    st = str(w.get("status", "moved"))
+    return st if st in OUTCOMES else "lost"
+
+
 def markdown(s: dict[str, Any]) -> str:
     lines = [
         f"Evacuation of {s['workloads']} ({s['resident_bytes'] / 2**30:.2f} GiB resident), {s['runs']} runs per "
-        f"variant, deadline given {s['deadline_s']:.0f} s ({s['when']}); the study: {s['study_1gb_s']} s for one "
-        "1 GB pod.",
+        f"variant, deadline given {s['deadline_s']:.0f} s ({s['when']}; guest memory warmed first: "
+        f"{s.get('warmed_gib', 0)} GiB); the study: {s['study_1gb_s']} s for one 1 GB pod.",
         "",
         "| variant | at once | ways | emptied | time to empty (median, range) | median workload blackout | "
-        "state kept | within 120 / 30 / 15 s |",
-        "|---|---|---|---|---|---|---|---|",
+        "state kept | within 120 / 30 / 15 s | moved / parked / restarted / lost |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for name, v in s["variants"].items():
         t = v["time_to_empty_s"]
@@ -144,6 +176,7 @@ def markdown(s: dict[str, Any]) -> str:
         mb = f"{v['median_blackout_s']:.3f} s" if v["median_blackout_s"] is not None else "-"
         met = " / ".join(str(v["met"][str(d)]) for d in DEADLINES)
         at_once = ",".join(map(str, v["parallel"]))
+        ends = " / ".join(str(v.get("outcomes", {}).get(st, 0)) for st in OUTCOMES)
         lines.append(f"| {name} | {at_once} | {', '.join(v['ways'])} | {v['emptied']}/{v['runs']} | {span} | {mb} | "
-                     f"{v['state_kept']} | {met} of {v['runs']} |")  # fmt: skip
+                     f"{v['state_kept']} | {met} of {v['runs']} | {ends} |")  # fmt: skip
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 It describes every group (warm-ups left out), tests each migration mode against cold restart,
 sets our figures beside the study's published ones, and budgets a Spot evacuation. Engine benchmark
-results (``bench.json`` from ``podmigrate bench engine``) in the same directory are added when present.
+results (``bench.json`` from ``podmigrate bench engine``), ``bench k8s`` and ``bench evacuate`` ones in the
+same directory are added when present.
 Neighbours: ``stats`` (the tests), ``study`` (the study's figures and tables), ``plots`` (the PNGs).
 """
 
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from podmigrate.bench import breakdown, k8s, stats, suite
+from podmigrate.bench import breakdown, evacuate, k8s, stats, suite
 from podmigrate.bench.plots import draw
 from podmigrate.bench.study import fmt, side_by_side, study_markdown, study_tables
 
@@ -32,8 +33,9 @@ DEFINITION = (
 def build(out_dir: Path) -> dict[str, Any]:
     """The report of a suite (``suite.jsonl``), an engine benchmark or sweep (``bench.json``), or both."""
     rows = suite.load(out_dir)
-    if not rows and not (out_dir / "bench.json").exists() and not (out_dir / "k8s.json").exists():
-        raise FileNotFoundError(f"no results in {out_dir}: no suite.jsonl, bench.json or k8s.json")
+    sources = ("bench.json", "k8s.json", "evacuate.json")
+    if not rows and not any((out_dir / f).exists() for f in sources):
+        raise FileNotFoundError(f"no results in {out_dir}: no suite.jsonl, {', '.join(sources)}")
     mach = json.loads((out_dir / "machine.json").read_text()) if (out_dir / "machine.json").exists() else {}
     measured = [r for r in rows if not r["warmup"]]
     groups = sorted({r["group"] for r in measured})
@@ -76,6 +78,7 @@ def build(out_dir: Path) -> dict[str, Any]:
         "engine_ratios": bench.get("ratios", []),
         "study_tables": study_tables(measured, desc, at_cut, tests, engine),
         "k8s": json.loads((out_dir / "k8s.json").read_text()) if (out_dir / "k8s.json").exists() else None,
+        "evacuation": _evacuation(out_dir),
     }
     (out_dir / "report.json").write_text(json.dumps(result, indent=2))
     made = draw(rows, out_dir) if rows or engine else []
@@ -86,6 +89,14 @@ def build(out_dir: Path) -> dict[str, Any]:
     (out_dir / "report.md").write_text(md)
     (out_dir / "report.html").write_text(html(md, made))
     return result
+
+
+def _evacuation(out_dir: Path) -> dict[str, Any] | None:
+    """``podmigrate bench evacuate``'s summary (without its per-run records), if it ran here."""
+    path = out_dir / "evacuate.json"
+    if not path.exists():
+        return None
+    return {k: v for k, v in json.loads(path.read_text()).items() if k != "rows"}
 
 
 def _f(x: Any, digits: int = 3) -> str:
@@ -164,6 +175,8 @@ def markdown(r: dict[str, Any], plots: list[Path]) -> str:
         lines += breakdown.markdown(r["engine"], r.get("engine_ratios") or []).splitlines()
     if r.get("k8s"):
         lines += ["", *k8s.markdown(r["k8s"])]
+    if r.get("evacuation"):
+        lines += ["", "## Evacuating a node (`podmigrate bench evacuate`)", "", evacuate.markdown(r["evacuation"])]
     lines += study_markdown(r["study_tables"])
     q = r["quality"]
     lines += [

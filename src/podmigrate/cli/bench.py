@@ -266,8 +266,11 @@ def bench_soak(ctx: click.Context, migrations: int, workloads: int, heap_mb: int
 @click.option("--runs", default=2, show_default=True, type=click.IntRange(1, 100), help="Per variant.")
 @click.option("--deadline", default=120.0, show_default=True, type=click.FloatRange(1, 3600))
 @click.option("--out", "out_dir", type=click.Path(), default=None, help="[default: results/evacuate-TIMESTAMP]")
+@click.option("--warm-memory-gb", type=float, default=None, help="As for `bench engine`.")
 @click.pass_context
-def bench_evacuate(ctx: click.Context, workloads: str, runs: int, deadline: float, out_dir: str | None) -> None:
+def bench_evacuate(
+    ctx: click.Context, workloads: str, runs: int, deadline: float, out_dir: str | None, warm_memory_gb: float | None
+) -> None:
     """A node of several workloads evacuated N times, as planned and one at a time, alternating
     direction: time to empty against the 120/30/15 s deadlines, blackouts, every heap checked."""
     import time
@@ -277,7 +280,7 @@ def bench_evacuate(ctx: click.Context, workloads: str, runs: int, deadline: floa
 
     out_path = Path(out_dir or f"results/evacuate-{time.strftime('%Y%m%d-%H%M%S')}")
     with status("Evacuation benchmark") as rep:
-        s = bench_ev.run(get_lab(ctx), out_path, workloads, runs, deadline, rep)
+        s = bench_ev.run(get_lab(ctx), out_path, workloads, runs, deadline, rep, warm_memory_gb)
     out.print(bench_ev.markdown(s))
     err.print(f"results: {out_path}/ (evacuate.json, evacuate.md, evacuations.jsonl)")
 

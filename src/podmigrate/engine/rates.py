@@ -17,10 +17,12 @@ from typing import Any
 
 from podmigrate.engine.schedule import GB, Factor, Rate
 
-# (fixed s, bytes per s, blackout fixed s, blackout bytes per s or None): 2-core VM, security on
+# (fixed s, bytes per s, blackout fixed s, blackout bytes per s or None): 2-core VM, security on.
+# Lazy's time is until its last page moved: CRIU's lazy-pages tail, ~70 MB/s here (README, issue 15);
+# stop-copy/stream through the sealed page relay (issue 14: 64 MB 0.72 s, 1 GB 2.84 s of blackout)
 DEFAULTS: dict[str, tuple[float, float, float, float | None]] = {
-    "lazy/stream": (1.5, 1.2 * GB, 0.45, None),
-    "stop-copy/stream": (1.8, 0.28 * GB, 0.6, 0.3 * GB),
+    "lazy/stream": (1.5, 0.07 * GB, 0.45, None),
+    "stop-copy/stream": (0.95, 0.37 * GB, 0.58, 0.44 * GB),
     "stop-copy/archive": (2.0, 0.12 * GB, 0.6, 0.12 * GB),
     "stop-copy/registry": (2.5, 0.1 * GB, 0.8, 0.1 * GB),
     "cold/none": (1.5, 100 * GB, 0.5, None),  # the fallback: a fresh start, whatever the memory
