@@ -434,6 +434,7 @@ class World:
             return sample(p["pid"])
 
         @app.route("DELETE", "/v1/probes/(?P<pid>[0-9a-f]+)")
+        @app.route("POST", "/v1/probes/(?P<pid>[0-9a-f]+)/stop")
         def stop_probe(p: dict[str, str], b: dict[str, Any]) -> Any:
             records = sample(p["pid"])
             del self.probes[p["pid"]]

@@ -332,3 +332,49 @@ def test_the_engine_bench_sets_security_on_beside_off_per_heap_and_method() -> N
          "ratio": 1.222, "checkpoint_on_s": None, "checkpoint_off_s": None}
     ]  # fmt: skip
     assert security_cost(table([row("lazy", 0.5)])) == []
+
+
+def test_a_probe_stopped_without_waiting_reports_its_unanswered_probes_as_pending() -> None:
+    import socket
+    import time
+
+    from podmigrate.agent.probe import Probe
+
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # accepts connections, never answers
+        pr = Probe("127.0.0.1", silent.getsockname()[1], "/healthz", interval=0.02, timeout=5.0)
+        deadline = time.monotonic() + 10
+        while len(pr._inflight) < 3:
+            assert time.monotonic() < deadline, "no probe went out"
+            time.sleep(0.01)
+        t0 = time.monotonic()
+        log = pr.stop(wait=False)
+        assert time.monotonic() - t0 < 1.0  # not the probes' 5 s timeout
+    assert log and all(r.get("pending") and not r["ok"] and "answered" not in r for r in log)
+    assert [r["seq"] for r in log] == sorted(r["seq"] for r in log)
+
+
+def test_probes_in_flight_at_the_stop_count_as_failed_before_the_service_is_back_and_are_dropped_after() -> None:
+    from podmigrate.engine.blackout import blackout
+    from podmigrate.engine.phases.traffic import settle_pending
+
+    cut = 10.0
+
+    def r(sent: float, ok: bool, pending: bool = False) -> dict[str, object]:
+        out: dict[str, object] = {"sent": sent, "scheduled": sent, "ok": ok}
+        return {**out, "pending": True} if pending else {**out, "answered": sent + 0.01}
+
+    log = [
+        r(9.0, True),
+        r(9.5, False, pending=True),
+        r(9.8, False),
+        r(10.2, True),
+        r(10.3, True),
+        r(10.4, False, pending=True),
+    ]
+    settled, n = settle_pending(log, cut)
+    assert n == 2 and [x["sent"] for x in settled] == [9.0, 9.5, 9.8, 10.2, 10.3]
+    assert settled[1]["ok"] is False and settled[1]["error"] == "no answer when the probe stopped"
+    b = blackout(settled, 9.4, 11.0)
+    assert b["failed"] == 2 and b["blackout_s"] == round(10.21 - 9.01, 4)
+    # with no answer after the switch yet, every pending probe is a failure
+    assert len(settle_pending([r(9.0, True), r(10.1, False, pending=True)], cut)[0]) == 2

@@ -50,6 +50,7 @@ class LanAgent:
             ("POST", "/v1/probes", self.start_probe),
             ("GET", "/v1/probes/(?P<pid>[0-9a-f]+)", self.read_probe),
             ("DELETE", "/v1/probes/(?P<pid>[0-9a-f]+)", self.stop_probe),
+            ("POST", "/v1/probes/(?P<pid>[0-9a-f]+)/stop", self.stop_probe),
             ("POST", "/v1/connections", self.open_conn),
             ("GET", "/v1/connections/(?P<cid>[0-9a-f]+)", self.conn_status),
             ("DELETE", "/v1/connections/(?P<cid>[0-9a-f]+)", self.close_conn),
@@ -158,7 +159,7 @@ class LanAgent:
         pr = self.probes.pop(p["pid"], None)
         if pr is None:
             raise UsageError(f"no probe {p['pid']}")
-        return pr.stop()
+        return pr.stop(wait=bool(b.get("wait", True)))
 
     def open_conn(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         try:

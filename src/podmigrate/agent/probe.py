@@ -33,6 +33,7 @@ class Probe:
         self.host, self.port, self.path = host, port, path
         self.interval, self.timeout, self.max_seconds = interval, timeout, max_seconds
         self.records: list[dict[str, Any]] = []
+        self._inflight: dict[int, dict[str, Any]] = {}  # sent, not answered (or timed out) yet
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(max_workers=max(8, int(2 * timeout / interval) + 4))
@@ -55,6 +56,8 @@ class Probe:
 
     def _one(self, seq: int, scheduled: float) -> None:
         rec: dict[str, Any] = {"seq": seq, "scheduled": scheduled, "sent": time.time(), "ok": False}
+        with self._lock:
+            self._inflight[seq] = rec
         try:
             if self.path is None:
                 with socket.create_connection((self.host, self.port), timeout=self.timeout):
@@ -80,17 +83,27 @@ class Probe:
             rec["error"] = type(e).__name__
         rec["answered"] = time.time()
         with self._lock:
-            self.records.append(rec)
+            if self._inflight.pop(seq, None) is not None:  # else: stopped without waiting, reported pending
+                self.records.append(rec)
 
     def snapshot(self) -> list[dict[str, Any]]:
         with self._lock:
             return sorted(self.records, key=lambda r: r["seq"])
 
-    def stop(self) -> list[dict[str, Any]]:
+    def stop(self, wait: bool = True) -> list[dict[str, Any]]:
+        """Stop probing; the log. ``wait``: let the probes in flight finish (up to ``timeout``);
+        else they are in the log as they are, ``"pending": True`` without an answer (the caller
+        knows which of them can still matter)."""
         self._stop.set()
         self._thread.join()
-        self._pool.shutdown(wait=True)
-        return self.snapshot()
+        if wait:
+            self._pool.shutdown(wait=True)
+            return self.snapshot()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            pending = [{**r, "pending": True} for r in self._inflight.values()]
+            self._inflight.clear()
+        return sorted(self.records + pending, key=lambda r: r["seq"])
 
 
 class KeepAlive:

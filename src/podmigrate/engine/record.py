@@ -92,6 +92,7 @@ class ProbeRec(TypedDict, total=False):
     id: str  # the LAN agent's prober while it runs
     log: str  # where its answers were written
     records: int  # how many answers it logged
+    pending_at_stop: int  # probes still in flight when it stopped (engine.phases.traffic.settle_pending)
 
 
 class Bytes(TypedDict, total=False):

@@ -10,6 +10,7 @@ import contextlib
 import json
 import time
 from collections.abc import Callable
+from typing import Any
 
 from podmigrate import layout
 from podmigrate.engine.blackout import blackout, counters_monotonic
@@ -123,7 +124,11 @@ def finish_probe(ctx: Ctx) -> None:
         if sum(1 for r in recs if r["ok"] and r["sent"] > cut) >= 3:
             break
         time.sleep(0.05)
-    records = lan.delete(f"/v1/probes/{probe['id']}")
+    # not waiting up to a probe timeout (1 s) for the probes still in flight: those sent before
+    # the first answer after the switch went to a frozen or unrouted copy and count as failed; those
+    # sent after it cannot change the blackout and are left out (counted in ``pending_at_stop``)
+    records = lan.post(f"/v1/probes/{probe['id']}/stop", {"wait": False})
+    records, probe["pending_at_stop"] = settle_pending(records, cut)
     log = ctx.lab.dir / "probes" / f"{rec['id']}.json"
     log.parent.mkdir(exist_ok=True)
     log.write_text(json.dumps(records))
@@ -143,6 +148,20 @@ def finish_probe(ctx: Ctx) -> None:
         rec["drift"] = {"counter": lost, "since_checkpoint_s": round(cut - rec["checkpoint_at"], 4)}
     elif rec["mode"] in ("stop-copy", "lazy"):  # the copy resumes exactly where the source froze
         rec["drift"] = {"counter": 0, "since_checkpoint_s": 0.0}
+
+
+def settle_pending(records: list[dict[str, Any]], cut: float) -> tuple[list[dict[str, Any]], int]:
+    """A probe log with the probes still in flight at its stop settled (see ``finish_probe``)."""
+    back = min((r["sent"] for r in records if r["ok"] and not r.get("pending") and r["sent"] > cut), default=None)
+    now, out, n = time.time(), [], 0
+    for r in records:
+        if not r.get("pending"):
+            out.append(r)
+            continue
+        n += 1
+        if back is None or r["sent"] < back:
+            out.append({**r, "ok": False, "answered": now, "error": "no answer when the probe stopped"})
+    return out, n
 
 
 def release_target_memory(ctx: Ctx) -> None:
