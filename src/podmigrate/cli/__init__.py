@@ -4,7 +4,8 @@ Errors print as ``ERROR: message`` plus a hint and the details that help (CRIU l
 failing command's output); ``-v`` adds the traceback. This module holds the ``main`` group (the
 ``podmigrate`` entry point); the commands live by group beside it: ``lab``, ``workload``,
 ``migrate`` (migrate, history, gc), ``park`` (park, restore, parked), ``evacuate`` (evacuate,
-watch, lab notice/cordon/uncordon), ``bench`` (bench, report, demo) and ``k8s``; ``output`` prints.
+watch, lab notice/cordon/uncordon), ``bench`` and ``bench_runs`` (bench, report, demo) and ``k8s``;
+``output`` prints.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import click
 
-from podmigrate.cli import bench, evacuate, k8s, lab, migrate, park, workload
+from podmigrate.cli import bench, bench_runs, evacuate, k8s, lab, migrate, park, workload
 from podmigrate.cli.output import fail
 from podmigrate.errors import PodmigrateError
 
@@ -50,6 +51,8 @@ main.add_command(park.parked)
 main.add_command(evacuate.evacuate)
 main.add_command(evacuate.watch_cmd, "watch")
 main.add_command(bench.demo)
+for cmd in (bench_runs.bench_soak, bench_runs.bench_evacuate, bench_runs.bench_faults, bench_runs.bench_k8s):
+    bench.bench.add_command(cmd)
 main.add_command(bench.bench)
 main.add_command(bench.report_cmd)
 main.add_command(k8s.k8s_group)
