@@ -43,6 +43,17 @@ def _recv_exact(sk: socket.socket, view: memoryview) -> int:
     return got
 
 
+def _send_parts(sk: socket.socket, parts: tuple[bytes, bytes]) -> None:
+    """Send both parts, in one system call when the socket takes them at once."""
+    word, body = parts
+    sent = sk.sendmsg([word, body])
+    if sent < len(word):
+        sk.sendall(word[sent:])
+        sent = len(word)
+    if sent - len(word) < len(body):
+        sk.sendall(memoryview(body)[sent - len(word) :])
+
+
 def _pump_sealing(plain: socket.socket, sealed: socket.socket, sealer: seal.Sealer) -> int:
     """Plaintext from ``plain`` to ``sealed`` as frames: as much as has arrived, up to a frame, so
     a short request goes at once and a run of pages in full frames; the final frame at EOF."""
@@ -62,8 +73,7 @@ def _pump_sealing(plain: socket.socket, sealed: socket.socket, sealer: seal.Seal
             if not k:
                 break
             n += k
-        framed = sealer.frame(view[:n])
-        sealed.sendall(framed)
+        _send_parts(sealed, sealer.frame_parts(view[:n]))
         total += n
 
 

@@ -85,11 +85,16 @@ class Sealer:
         return MAGIC + self.salt
 
     def frame(self, data: bytes | memoryview, final: bool = False) -> bytes:
+        word, ct = self.frame_parts(data, final)
+        return word + ct
+
+    def frame_parts(self, data: bytes | memoryview, final: bool = False) -> tuple[bytes, bytes]:
+        """A frame as its length word and its ciphertext, for a vectored send (no 1 MiB join)."""
         if len(data) > FRAME:
             raise ValueError(f"a sealed frame holds at most {FRAME} bytes")
         ct = self.aead.encrypt(_nonce(self.i), data, _aad(self.context, self.i, final))
         self.i += 1
-        return struct.pack(">I", len(ct) | (_FINAL if final else 0)) + ct
+        return struct.pack(">I", len(ct) | (_FINAL if final else 0)), ct
 
 
 def seal(blocks: Iterator[bytes], key_hex: str, context: str) -> Iterator[bytes]:
