@@ -118,3 +118,28 @@ def test_the_survey_moves_the_pods_and_says_why_it_leaves_the_others() -> None:
     assert short.steps[0].action == "restart" and "state" in short.steps[0].why
     assert e.plan(moving, targets, 1.0).steps[0].action == "lost"
     assert e.plan(moving, [], 120.0).steps[0].action == "lost"
+
+
+def test_a_tainted_node_is_a_target_only_for_pods_that_all_tolerate_its_taints() -> None:
+    from podmigrate.k8s.evacuator import tolerates
+
+    gpu = {"key": "gpu", "value": "true", "effect": "NoSchedule"}
+    assert tolerates([{"key": "gpu", "operator": "Equal", "value": "true"}], gpu)
+    assert tolerates([{"key": "gpu", "operator": "Exists", "effect": "NoSchedule"}], gpu)
+    assert tolerates([{"operator": "Exists"}], gpu)  # tolerates everything
+    assert not tolerates([{"key": "gpu", "value": "false"}], gpu)
+    assert not tolerates([{"key": "gpu", "operator": "Exists", "effect": "NoExecute"}], gpu)
+    assert not tolerates([], gpu)
+    web = pod("web", "node-a", "256Mi")
+    web["spec"]["tolerations"] = [{"key": "gpu", "operator": "Exists"}]
+    objs = {
+        "/api/v1/nodes/node-a": node("node-a"),
+        "/api/v1/nodes/node-b": node("node-b", taints=[gpu]),
+        "/api/v1/nodes/node-c": node("node-c", taints=[gpu], unschedulable=True),  # cordoned: never a target
+        "/api/v1/namespaces/default/pods/web": web,
+        "/api/v1/namespaces/default/pods/db": pod("db", "node-a", "256Mi"),
+    }
+    e = evacuator(objs, {"nodeName": "node-a"})
+    assert [t.name for t in e.targets("node-a", [], set(), ["default/web"])] == ["node-b"]
+    assert [t.name for t in e.targets("node-a", [], set(), ["default/web", "default/db"])] == []  # db does not
+    assert e.targets("node-a", [], set()) == []  # nothing said about the pods: tainted nodes are out

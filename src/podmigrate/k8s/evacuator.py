@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,16 +118,23 @@ class Evacuator:
             moving.append({"namespace": meta["namespace"], "name": meta["name"], "memory": memory, "basis": basis})
         return moving, skipped
 
-    def targets(self, source: str, wanted: list[str], failed: set[str]) -> list[schedule.Target]:
+    def targets(
+        self, source: str, wanted: list[str], failed: set[str], moving: Sequence[str] = ()
+    ) -> list[schedule.Target]:
+        """Nodes the pods ``moving`` (``namespace/name``) may go to: ready, not cordoned, with an
+        agent, and no NoSchedule/NoExecute taint that one of them does not tolerate."""
         pods = self.api.list("/api/v1/pods")
+        tolerations = [((p.get("spec") or {}).get("tolerations") or []) for p in pods
+                       if f"{p['metadata']['namespace']}/{p['metadata']['name']}" in set(moving)]  # fmt: skip
         out = []
         for node in self.api.list(k.nodes()):
             name = node["metadata"]["name"]
             if name == source or name in failed or (wanted and name not in wanted) or not k.node_ready(node):
                 continue
-            if any(
-                t.get("effect") in ("NoSchedule", "NoExecute") for t in (node.get("spec") or {}).get("taints") or []
-            ):
+            spec = node.get("spec") or {}
+            hard = [t for t in spec.get("taints") or [] if t.get("effect") in ("NoSchedule", "NoExecute")]
+            if spec.get("unschedulable") or any(not tolerations or not all(tolerates(ts, t) for ts in tolerations)
+                                                for t in hard):  # fmt: skip
                 continue
             try:
                 disk = self.agents.info(name).get("disk_free_bytes") or 0
@@ -187,7 +194,8 @@ class Evacuator:
     def _first_plan(self, node: str) -> None:
         pods, skipped = self.survey(node)
         left = self.deadline - time.time()
-        p = self.plan(pods, self.targets(node, self.spec.get("targetNodes") or [], set()), left)
+        moving = [f"{q['namespace']}/{q['name']}" for q in pods]
+        p = self.plan(pods, self.targets(node, self.spec.get("targetNodes") or [], set(), moving), left)
         by = {f"{q['namespace']}/{q['name']}": q for q in pods}
         rows = [self._row(by[s.workload], s) for s in p.steps]
         self._save(phase="Evacuating", startedAt=ev.stamp(self.started), deadline=ev.stamp(self.deadline),
@@ -266,7 +274,8 @@ class Evacuator:
         """Another target, then a cold restart, for ``row`` and the not yet started on a failed target."""
         again = [row] + [r for r in self.status["pods"] if r["phase"] == "Waiting" and r["target"] in failed]
         tried = {r["name"]: set(r.get("tried", [])) | {r["target"]} for r in again}
-        targets = self.targets(node, self.spec.get("targetNodes") or [], failed)
+        moving = [f"{r['namespace']}/{r['name']}" for r in again]
+        targets = self.targets(node, self.spec.get("targetNodes") or [], failed, moving)
         left = self.deadline - time.time()
         for r in again:
             others = [t for t in targets if t.name not in tried[r["name"]]] or targets
@@ -299,3 +308,16 @@ class Evacuator:
 
     def close(self) -> None:
         self.agents.close()
+
+
+def tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
+    """Whether a pod with ``tolerations`` may be placed on a node with ``taint`` (Kubernetes' rule)."""
+    for t in tolerations:
+        if t.get("effect") and t["effect"] != taint.get("effect"):
+            continue
+        if t.get("operator", "Equal") == "Exists":
+            if not t.get("key") or t["key"] == taint.get("key"):
+                return True
+        elif t.get("key") == taint.get("key") and (t.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False
