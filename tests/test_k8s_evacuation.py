@@ -130,6 +130,9 @@ def test_a_tainted_node_is_a_target_only_for_pods_that_all_tolerate_its_taints()
     assert not tolerates([{"key": "gpu", "value": "false"}], gpu)
     assert not tolerates([{"key": "gpu", "operator": "Exists", "effect": "NoExecute"}], gpu)
     assert not tolerates([], gpu)
+    gone = {"key": "spot", "effect": "NoExecute"}
+    assert not tolerates([{"key": "spot", "operator": "Exists", "tolerationSeconds": 30}], gone)  # evicted soon
+    assert tolerates([{"key": "spot", "operator": "Exists"}], gone)
     web = pod("web", "node-a", "256Mi")
     web["spec"]["tolerations"] = [{"key": "gpu", "operator": "Exists"}]
     objs = {

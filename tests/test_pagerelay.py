@@ -12,6 +12,7 @@ import struct
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -186,5 +187,25 @@ def test_a_source_relay_whose_target_is_gone_fails_the_dump_with_the_reason() ->
 def test_a_bad_key_is_refused_before_anything_listens() -> None:
     with pytest.raises(UsageError, match="64 hex digits"):
         seal.check_key("abc")
+    with pytest.raises(UsageError, match="64 hex digits"):
+        seal.check_key("z" * 64)
     with pytest.raises(UsageError):
         seal.check_key(None)
+
+
+def test_only_the_source_node_gets_in_and_a_trickling_stranger_does_not_hold_the_door(monkeypatch: Any) -> None:
+    monkeypatch.setattr(pagerelay, "HANDSHAKE_SECONDS", 0.5)
+    ps = PageServer()
+    elsewhere = pagerelay.TargetRelay("cp6", KEY, "127.0.0.1", ps.port, accept_seconds=30, peer="127.0.0.2")
+    with socket.create_connection(("127.0.0.1", elsewhere.port)) as s:
+        s.sendall(seal.MAGIC)
+        wait_until(lambda: len(elsewhere.dropped) == 1, "the stranger to be dropped")
+    assert elsewhere.dropped[0] == "127.0.0.1: not the source (127.0.0.2)"
+    elsewhere.close()
+    target = pagerelay.TargetRelay("cp7", KEY, "127.0.0.1", PageServer().port, accept_seconds=30, peer="127.0.0.1")
+    with socket.create_connection(("127.0.0.1", target.port)) as slow:
+        slow.sendall(seal.MAGIC[:2])  # then nothing more: the handshake's time runs out, not per byte
+        wait_until(lambda: len(target.dropped) == 1, "the trickling stranger to be dropped", timeout=10)
+    source = pagerelay.SourceRelay("cp7", KEY, ("127.0.0.1", target.port), accept_seconds=30)
+    assert dump(source.port) == hashlib.sha256(PAGES).digest()
+    assert target.wait(30) and target.error is None

@@ -458,3 +458,18 @@ def test_a_restore_that_fails_in_any_phase_leaves_the_workload_parked(lab, phase
     controller.restore(lab, "web", "node-b")  # and the next one brings it back
     assert_serves_on(lab, "node-b", before)
     assert_nothing_left(lab)
+
+
+def test_a_second_park_under_a_parked_name_is_refused_and_the_first_stays_restorable(lab):
+    from podmigrate.engine import parking
+
+    before = started(lab)
+    first = controller.park(lab, "web")
+    lab.world.start("node-b", "web")  # a fresh one under the same name meanwhile
+    with pytest.raises(UsageError, match="'web' is parked already"):
+        controller.park(lab, "web")
+    (entry,) = parking.listing(lab)
+    assert entry["migration"] == first["id"]
+    lab.world.nodes["node-b"].containers.pop("web")
+    controller.restore(lab, "web", "node-b")
+    assert_serves_on(lab, "node-b", before)

@@ -236,13 +236,14 @@ class NodeAgent:
                     criu=criu,
                 )
         except RuntimeBackendError as e:
-            if relay is not None and relay.error:
-                e.details["page_relay"] = relay.error  # why CRIU's connection broke, when it was the relay
-            raise
-        finally:
             if relay is not None:
-                relay.wait(10)  # CRIU has its answer: only the relay's own close is left
+                if relay.error:
+                    e.details["page_relay"] = relay.error  # why CRIU's connection broke, when it was the relay
                 relay.close()
+            raise
+        if relay is not None:
+            relay.wait(10)  # CRIU has its answer: only the relay's own close is left
+            relay.close()
         if relay is not None:
             res["page_relay"] = {"bytes": relay.bytes, "started": relay.started, "ended": relay.ended}
         return {**res, "archive": str(a)}

@@ -91,7 +91,8 @@ class LazyPages:
             key = seal.check_key(b.get("seal"))
             port = self._free_port("127.0.0.1")
             self.jobs[f"ps-{cid}"] = self.rt.page_server(self.files.pages(cid), "127.0.0.1", port)
-            relay = self.relays[cid] = pagerelay.TargetRelay(cid, key, address, port)
+            peer = names.ipv4(b["peer"]) if b.get("peer") else None  # the source: nobody else gets in
+            relay = self.relays[cid] = pagerelay.TargetRelay(cid, key, address, port, peer=peer)
             return {"address": address, "port": relay.port, "relay": True}
         port = self._free_port()  # the page server takes it right after
         self.jobs[f"ps-{cid}"] = self.rt.page_server(

@@ -29,11 +29,21 @@ def _dir(lab: LabHandle) -> Path:
 
 
 def _write(path: Path, text: str) -> None:
+    """Whole or not at all, owner-only, and on disk before the park commits: the source's copy is
+    removed right after, so the entry and its key may be all that opens the parked image."""
     tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    tmp.unlink(missing_ok=True)  # a stale one would keep its own mode
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
-    tmp.replace(path)  # whole or not at all: a restore never reads half an entry
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def save(lab: LabHandle, entry: dict[str, Any], key: str | None) -> None:

@@ -315,6 +315,8 @@ def tolerates(tolerations: list[dict[str, Any]], taint: dict[str, Any]) -> bool:
     for t in tolerations:
         if t.get("effect") and t["effect"] != taint.get("effect"):
             continue
+        if taint.get("effect") == "NoExecute" and t.get("tolerationSeconds") is not None:
+            continue  # evicted again once the seconds pass: not a place to move to
         if t.get("operator", "Equal") == "Exists":
             if not t.get("key") or t["key"] == taint.get("key"):
                 return True

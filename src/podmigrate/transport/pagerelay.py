@@ -19,18 +19,18 @@ agents (standard library plus ``cryptography``).
 from __future__ import annotations
 
 import contextlib
-import select
 import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 
 from podmigrate.errors import TransportError
 from podmigrate.transport import seal
 
 TO_TARGET, TO_SOURCE = "pages", "pages-answers"  # the two directions' contexts, after the checkpoint id
 ACCEPT_SECONDS = 300.0  # how long a target relay waits for its source (the page server's own lifetime)
-STRANGERS = 8  # connections that fail to open, dropped, before the target relay gives up
+HANDSHAKE_SECONDS = 10.0  # for a connection's header and first frame, all told
 
 
 def _recv_exact(sk: socket.socket, view: memoryview) -> int:
@@ -54,9 +54,10 @@ def _send_parts(sk: socket.socket, parts: tuple[bytes, bytes]) -> None:
         sk.sendall(memoryview(body)[sent - len(word) :])
 
 
-def _pump_sealing(plain: socket.socket, sealed: socket.socket, sealer: seal.Sealer) -> int:
+def _pump_sealing(plain: socket.socket, sealed: socket.socket, sealer: seal.Sealer, clean: Callable[[], bool]) -> int:
     """Plaintext from ``plain`` to ``sealed`` as frames: as much as has arrived, up to a frame, so
-    a short request goes at once and a run of pages in full frames; the final frame at EOF."""
+    a short request goes at once and a run of pages in full frames; the final frame at EOF, and
+    only if ``clean()`` (an end the relay caused by failing must not look like a complete stream)."""
     buf = bytearray(seal.FRAME)
     view = memoryview(buf)
     total = 0
@@ -64,12 +65,17 @@ def _pump_sealing(plain: socket.socket, sealed: socket.socket, sealer: seal.Seal
     while True:
         n = plain.recv_into(view)
         if not n:
+            if not clean():
+                raise OSError("the relay failed: no final frame")
             sealed.sendall(sealer.frame(b"", final=True))
             with contextlib.suppress(OSError):
                 sealed.shutdown(socket.SHUT_WR)
             return total
-        while n < seal.FRAME and select.select([plain], [], [], 0)[0]:
-            k = plain.recv_into(view[n:])
+        while n < seal.FRAME:  # what else has arrived already, without waiting for more
+            try:
+                k = plain.recv_into(view[n:], 0, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                break
             if not k:
                 break
             n += k
@@ -112,6 +118,7 @@ class Relay:
         self.started: float | None = None
         self.ended: float | None = None
         self._socks: list[socket.socket] = []
+        self._closed = False
         self._done = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -126,6 +133,7 @@ class Relay:
 
     def close(self) -> None:
         """Cut every connection: CRIU on either end sees its peer gone and fails."""
+        self._closed = True
         for sk in self._socks:
             with contextlib.suppress(OSError):
                 sk.shutdown(socket.SHUT_RDWR)
@@ -159,7 +167,8 @@ class Relay:
         t = threading.Thread(target=backward, name=f"relay-{self.cid}-{back}", daemon=True)
         t.start()
         try:
-            self.bytes[out] = _pump_sealing(plain, sealed, seal.Sealer(self.key, self.context(out)))
+            sealer = seal.Sealer(self.key, self.context(out))
+            self.bytes[out] = _pump_sealing(plain, sealed, sealer, lambda: self.error is None)
         except OSError as e:
             self._fail(f"sending the {out}: {e}")
         t.join()
@@ -207,14 +216,23 @@ class SourceRelay(Relay):
 
 
 class TargetRelay(Relay):
-    """Listens on ``address`` (the node's LAN address) for the source relay and relays its stream,
-    once its first frame opened, to the CRIU page server at 127.0.0.1:``page_server``."""
+    """Listens on ``address`` (the node's LAN address) for the source relay at ``peer`` (other
+    addresses are hung up on unread) and relays its stream, once its first frame opened, to the CRIU
+    page server at 127.0.0.1:``page_server``."""
 
-    def __init__(self, cid: str, key: str, address: str, page_server: int, accept_seconds: float = ACCEPT_SECONDS):
+    def __init__(
+        self,
+        cid: str,
+        key: str,
+        address: str,
+        page_server: int,
+        accept_seconds: float = ACCEPT_SECONDS,
+        peer: str | None = None,
+    ):
         super().__init__(cid, key, "target")
-        self.page_server = page_server
+        self.page_server, self.peer = page_server, peer
         self.listener = socket.create_server((address, 0))
-        self.listener.settimeout(accept_seconds)
+        self.deadline = time.monotonic() + accept_seconds
         self.address, self.port = address, int(self.listener.getsockname()[1])
         self.dropped: list[str] = []
         self._socks.append(self.listener)
@@ -222,38 +240,47 @@ class TargetRelay(Relay):
         self._thread.start()
 
     def _first_frame(self, sk: socket.socket) -> tuple[seal.Opener, bytes]:
-        """Open the stream's header and first frame, or refuse the connection."""
+        """Open the stream's header and first frame within HANDSHAKE_SECONDS, or refuse the connection."""
         opener = seal.Opener(self.key, self.context(TO_TARGET), f"the pages of checkpoint {self.cid}")
-        sk.settimeout(10)  # a silent stranger does not hold the door
-        header, word = bytearray(seal.HEADER), bytearray(4)
-        if _recv_exact(sk, memoryview(header)) < seal.HEADER:
-            raise opener._refuse("no seal header")
-        opener.start(bytes(header))
-        if _recv_exact(sk, memoryview(word)) < 4:
-            raise opener._refuse("cut off before its first frame")
-        n, final = opener.length(bytes(word))
-        ct = bytearray(n)
-        if _recv_exact(sk, memoryview(ct)) < n:
-            raise opener._refuse("cut off in its first frame")
-        first = opener.open(memoryview(ct), final)
+        until = time.monotonic() + HANDSHAKE_SECONDS  # all of it: a trickling stranger does not hold the door
+
+        def read(n: int, why: str) -> bytearray:
+            buf, got = bytearray(n), 0
+            while got < n:
+                sk.settimeout(max(0.01, until - time.monotonic()))
+                k = sk.recv_into(memoryview(buf)[got:])
+                if not k:
+                    raise opener._refuse(why)
+                got += k
+            return buf
+
+        opener.start(bytes(read(seal.HEADER, "no seal header")))
+        n, final = opener.length(bytes(read(4, "cut off before its first frame")))
+        first = opener.open(memoryview(read(n, "cut off in its first frame")), final)
         sk.settimeout(None)
         return opener, first
 
     def _serve(self) -> None:
         try:
             while True:
-                sealed, peer = self.listener.accept()
+                if self._closed:
+                    raise TransportError("the relay was stopped")
+                self.listener.settimeout(max(0.01, self.deadline - time.monotonic()))
+                sealed, (host, _port) = self.listener.accept()
+                if self.peer is not None and host != self.peer:
+                    self.dropped.append(f"{host}: not the source ({self.peer})")
+                    sealed.close()
+                    continue
+                self._socks.append(sealed)
                 try:
                     opener, first = self._first_frame(sealed)
                     break
                 except (OSError, TransportError) as e:
-                    self.dropped.append(f"{peer[0]}: {e}")
-                    print(f"page relay {self.cid}: dropped {peer[0]}: {e}", file=sys.stderr, flush=True)
+                    self.dropped.append(f"{host}: {e}")
+                    print(f"page relay {self.cid}: dropped {host}: {e}", file=sys.stderr, flush=True)
+                    self._socks.remove(sealed)
                     sealed.close()
-                    if len(self.dropped) >= STRANGERS:
-                        raise TransportError(f"{STRANGERS} connections to the page relay failed to open") from e
             self.listener.close()
-            self._socks.append(sealed)
             sealed.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             plain = socket.create_connection(("127.0.0.1", self.page_server), timeout=10)
             plain.settimeout(None)

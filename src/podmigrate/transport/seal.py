@@ -44,8 +44,13 @@ def new_key() -> str:
 
 def check_key(key: object) -> str:
     """A request's seal key, or a UsageError saying what a key is."""
+    what = f"a seal key is {2 * KEY_BYTES} hex digits ({KEY_BYTES} bytes)"
     if not isinstance(key, str) or len(key) != 2 * KEY_BYTES:
-        raise UsageError(f"a seal key is {2 * KEY_BYTES} hex digits ({KEY_BYTES} bytes)")
+        raise UsageError(what)
+    try:
+        bytes.fromhex(key)
+    except ValueError:
+        raise UsageError(what) from None
     return key
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from podmigrate import layout
 from podmigrate.engine import breakdown, paths
 from podmigrate.engine.phases import traffic
 from podmigrate.engine.phases.context import Ctx
@@ -136,7 +137,8 @@ def page_server(ctx: Ctx) -> None:
     # sealed migrations send their pages through the agents' sealed relay, not CRIU's TLS
     relay = bool(sealed) and not paths.old("criu-tls-pages")
     ps = ctx.agent(rec["target"]).post(
-        f"/v1/checkpoints/{rec['id']}/page-server", {"relay": relay, **(sealed if relay else {})}
+        f"/v1/checkpoints/{rec['id']}/page-server",
+        {"relay": relay, "peer": layout.node_ip(rec["source"] or ""), **(sealed if relay else {})},
     )
     rec["page_server"] = ps
     rec["security"]["pages"] = "sealed relay (AES-256-GCM)" if ps.get("relay") else "CRIU TLS" if sealed else "clear"

@@ -36,6 +36,11 @@ def validate_park(ctx: Ctx) -> None:
             f"stopped copies of {rec['workload']!r} are left on {where}",
             hint="remove them first: podmigrate lab exec NODE -- podman rm NAME",
         )
+    if any(e["workload"] == c["name"] for e in parking.listing(ctx.lab)):
+        raise UsageError(
+            f"a checkpoint of {c['name']!r} is parked already; parking this one would make it unrestorable",
+            hint=f"restore the parked one first (podmigrate restore {c['name']} --to NODE), or rename this one",
+        )
     rec["source"], rec["container"], rec["container_id"] = loc.node, c["name"], c["id"]
     rec["image"], rec["service_addresses"] = c["image"], list(c["ips"])
     rec["image_id"] = str(c.get("image_id") or "")
@@ -77,8 +82,10 @@ def park(ctx: Ctx) -> None:
 
 
 def undo_park(ctx: Ctx) -> str:
-    gone = parking.remove(ctx.lab, ctx.rec["workload"])
-    return "forgot the parked entry" if gone else "nothing parked"
+    mine = [e for e in parking.listing(ctx.lab) if e.get("migration") == ctx.rec["id"]]
+    if mine:  # only this park's entry: never another one's under the same name
+        parking.remove(ctx.lab, ctx.rec["workload"])
+    return "forgot the parked entry" if mine else "nothing parked"
 
 
 def cleanup_park(ctx: Ctx) -> None:
@@ -105,6 +112,13 @@ def validate_restore(ctx: Ctx) -> None:
         raise UsageError(
             f"{rec['workload']!r} runs on {loc.node} already; its parked checkpoint is older than it",
             hint=f"remove one of the two: podmigrate lab exec {loc.node} -- podman rm -f {rec['workload']}",
+        )
+    taken = {ip: c["name"] for cs in manage.inventory(ctx.lab).values() for c in cs if c["state"] == "running"
+             for ip in c["ips"] if ip in entry["service_addresses"]}  # fmt: skip
+    if taken:
+        raise UsageError(
+            f"{rec['workload']!r}'s address is taken: " + ", ".join(f"{ip} by {n}" for ip, n in taken.items()),
+            hint="a restore brings the workload back with its own address; stop the container that holds it",
         )
     rec["container"], rec["container_id"], rec["source"] = entry["container"], entry["container_id"], entry["source"]
     rec["image"], rec["image_id"], rec["rss_bytes"] = entry["image"], entry["image_id"], entry["rss_bytes"]

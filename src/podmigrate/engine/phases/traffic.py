@@ -152,7 +152,9 @@ def finish_probe(ctx: Ctx) -> None:
 
 def settle_pending(records: list[dict[str, Any]], cut: float) -> tuple[list[dict[str, Any]], int]:
     """A probe log with the probes still in flight at its stop settled (see ``finish_probe``)."""
-    back = min((r["sent"] for r in records if r["ok"] and not r.get("pending") and r["sent"] > cut), default=None)
+    answered = [r for r in records if r["ok"] and not r.get("pending") and r["sent"] > cut]
+    # an answer counts as the service being back by blackout()'s own rule: within the probe timeout
+    back = min((r["sent"] for r in answered if r["answered"] - r["sent"] <= 1.0), default=None)
     now, out, n = time.time(), [], 0
     for r in records:
         if not r.get("pending"):
