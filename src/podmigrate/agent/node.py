@@ -244,7 +244,6 @@ class NodeAgent:
         if relay is not None:
             relay.wait(10)  # CRIU has its answer: only the relay's own close is left
             relay.close()
-        if relay is not None:
             res["page_relay"] = {"bytes": relay.bytes, "started": relay.started, "ended": relay.ended}
         return {**res, "archive": str(a)}
 

@@ -15,7 +15,7 @@ from podmigrate.engine import parking
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.engine.phases.fit import check_fit, check_spec
 from podmigrate.engine.phases.traffic import best_effort
-from podmigrate.engine.phases.validate import check_node, image_on_target, probe_and_state
+from podmigrate.engine.phases.validate import check_node, image_on_target, probe_and_state, refuse_leftovers
 from podmigrate.errors import UsageError
 from podmigrate.workload import manage
 
@@ -30,12 +30,7 @@ def validate_park(ctx: Ctx) -> None:
             f"{c['name']!r} belongs to pod {c['pod']!r}; a pod is not parked",
             hint="move the pod to another node: podmigrate migrate NAME --to NODE",
         )
-    if loc.others:
-        where = ", ".join(f"{n} ({ci['state']})" for n, ci in loc.others)
-        raise UsageError(
-            f"stopped copies of {rec['workload']!r} are left on {where}",
-            hint="remove them first: podmigrate lab exec NODE -- podman rm NAME",
-        )
+    refuse_leftovers(loc, rec["workload"])
     if any(e["workload"] == c["name"] for e in parking.listing(ctx.lab)):
         raise UsageError(
             f"a checkpoint of {c['name']!r} is parked already; parking this one would make it unrestorable",
@@ -104,8 +99,9 @@ def validate_restore(ctx: Ctx) -> None:
     """The parked entry (set by ``controller.restore``) against the target, before anything moves."""
     rec = ctx.rec
     entry: dict[str, Any] = rec["parked"]
+    inv = manage.inventory(ctx.lab)
     try:
-        loc = manage.locate(ctx.lab, rec["workload"])
+        loc = manage.locate(ctx.lab, rec["workload"], inv)
     except UsageError:
         loc = None
     if loc is not None:
@@ -113,7 +109,7 @@ def validate_restore(ctx: Ctx) -> None:
             f"{rec['workload']!r} runs on {loc.node} already; its parked checkpoint is older than it",
             hint=f"remove one of the two: podmigrate lab exec {loc.node} -- podman rm -f {rec['workload']}",
         )
-    taken = {ip: c["name"] for cs in manage.inventory(ctx.lab).values() for c in cs if c["state"] == "running"
+    taken = {ip: c["name"] for cs in inv.values() for c in cs if c["state"] == "running"
              for ip in c["ips"] if ip in entry["service_addresses"]}  # fmt: skip
     if taken:
         raise UsageError(

@@ -110,6 +110,16 @@ def image_on_target(ctx: Ctx, source: str, c: Any) -> dict[str, Any]:
     return {**got, "present": True, "moved_bytes": sent["bytes"]}
 
 
+def refuse_leftovers(loc: manage.Located, workload: str) -> None:
+    """Stopped copies of the workload elsewhere (a failed run's) would confuse what runs where."""
+    if loc.others:
+        where = ", ".join(f"{n} ({ci['state']})" for n, ci in loc.others)
+        raise UsageError(
+            f"stopped copies of {workload!r} are left on {where}",
+            hint="remove them first: podmigrate lab exec NODE -- podman rm NAME",
+        )
+
+
 REDACTED = "(not recorded)"
 
 
@@ -127,12 +137,7 @@ def validate(ctx: Ctx) -> None:
             f"{rec['workload']!r} already runs on {loc.node}",
             hint=f"pick another node: {', '.join(n for n in lab.nodes if n != loc.node)}",
         )
-    if loc.others:
-        where = ", ".join(f"{n} ({ci['state']})" for n, ci in loc.others)
-        raise UsageError(
-            f"stopped copies of {rec['workload']!r} are left on {where}",
-            hint="remove them first: podmigrate lab exec NODE -- podman rm NAME",
-        )
+    refuse_leftovers(loc, rec["workload"])
     rec["source"] = loc.node
     rec["container"] = rec["pod"]["name"] if rec.get("scope") == "pod" else c["name"]
     rec["container_id"] = c["id"]
