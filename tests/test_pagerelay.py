@@ -209,3 +209,20 @@ def test_only_the_source_node_gets_in_and_a_trickling_stranger_does_not_hold_the
     source = pagerelay.SourceRelay("cp7", KEY, ("127.0.0.1", target.port), accept_seconds=30)
     assert dump(source.port) == hashlib.sha256(PAGES).digest()
     assert target.wait(30) and target.error is None
+
+
+def test_a_relay_that_breaks_on_a_bug_cuts_both_ends_at_once_and_says_why(monkeypatch: Any) -> None:
+    """What happened when a node's cryptography lacked a method the relay called: the sealing thread
+    died, and CRIU's dump waited on an open connection until the target gave up."""
+
+    def broken(self: Any, data: Any, final: bool = False) -> Any:
+        raise AttributeError("no such method")
+
+    monkeypatch.setattr(seal.Sealer, "frame_parts", broken)
+    ps = PageServer()
+    target = pagerelay.TargetRelay("cp7", KEY, "127.0.0.1", ps.port, accept_seconds=30)
+    source = pagerelay.SourceRelay("cp7", KEY, ("127.0.0.1", target.port), accept_seconds=30)
+    with pytest.raises((AssertionError, OSError)):
+        dump(source.port)  # the dump sees its connection cut, rather than hanging
+    assert source.wait(30)
+    assert source.error is not None and "AttributeError: no such method" in source.error

@@ -163,6 +163,8 @@ class Relay:
                 self.bytes[back] = _pump_opening(sealed, plain, opener, first)
             except (OSError, TransportError) as e:
                 self._fail(str(e))
+            except Exception as e:  # a bug must still cut both connections, or CRIU waits for its peer
+                self._fail(f"relaying the {back}: {type(e).__name__}: {e}")
 
         t = threading.Thread(target=backward, name=f"relay-{self.cid}-{back}", daemon=True)
         t.start()
@@ -171,6 +173,8 @@ class Relay:
             self.bytes[out] = _pump_sealing(plain, sealed, sealer, lambda: self.error is None)
         except OSError as e:
             self._fail(f"sending the {out}: {e}")
+        except Exception as e:
+            self._fail(f"sending the {out}: {type(e).__name__}: {e}")
         t.join()
         self.ended = time.time()
         self.close()

@@ -1,0 +1,146 @@
+"""Podman's own paths, timed beside the engine's: its registry path and its export/import on one node.
+
+Probed like the engine's migrations (the LAN agent's 50 Hz prober on the service address) and checked
+like them: the heap's SHA-256, the counter and the process start read before and after. The one-node
+export/import is the baseline issue 14 names ("Podman's checkpoint --export + restore --import on one
+node"), with Podman's defaults (zstd); its ``--print-stats`` give the time runc and CRIU took inside
+it, which bounds what any path built on a CRIU dump and restore could gain on it (``breakdown``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+from podmigrate import layout
+from podmigrate.engine.blackout import blackout
+from podmigrate.errors import PodmigrateError
+from podmigrate.lab.cluster import Lab
+from podmigrate.workload import manage
+
+ONE_NODE = "podman export/import (one node)"
+
+
+def kept(before: dict[str, Any] | None, after: dict[str, Any] | None) -> tuple[str, bool]:
+    """The state check every migration makes: same heap, same process, the counter not backwards."""
+    if not before or not after:
+        return "unknown", False
+    same = before.get("sha256") == after.get("sha256")
+    ok = same and after.get("started") == before.get("started") and after["counter"] >= before["counter"]
+    return ("kept" if ok else "lost"), same
+
+
+def _first_answer(lab: Lab, ip: str, seconds: float = 120.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not manage.lan_get(lab, f"http://{ip}:8000/healthz", timeout=2)["ok"]:
+        if time.monotonic() > deadline:
+            raise PodmigrateError(f"the workload at {ip} did not answer within {seconds:.0f} s of its restore")
+        time.sleep(0.02)
+
+
+def _begin(lab: Lab, name: str) -> tuple[str, dict[str, Any] | None, Any, str, dict[str, float]]:
+    """The workload's address and state, a prober on it that has had an answer (the blackout starts
+    from a serving copy), and the start time."""
+    ip = manage.locate(lab, name).ips[0]
+    before = manage.read_state(lab, ip)
+    lan = lab.agent("lan")
+    probe = lan.post("/v1/probes", {"host": ip, "port": 8000, "path": "/healthz"})["id"]
+    deadline = time.monotonic() + 10
+    while not any(r["ok"] for r in lan.get(f"/v1/probes/{probe}")) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return ip, before, lan, probe, {"start": time.time()}
+
+
+def _result(
+    source: str, target: str, b: dict[str, Any], t: dict[str, float], names: list[str], state: tuple[str, bool]
+) -> dict[str, Any]:
+    stamps = [t["start"], *(t[n] for n in names)]
+    return {
+        "id": None,
+        "source": source,
+        "target": target,
+        "blackout_s": b["blackout_s"],
+        "phase_s": {n: round(stamps[i + 1] - stamps[i], 4) for i, n in enumerate(names)},
+        "state": state[0],
+        "checks": {"sha256_equal": state[1]},
+        "bytes_moved": None,
+    }
+
+
+def podman_image(lab: Lab, name: str, source: str, target: str, heap: int) -> dict[str, Any]:
+    """Podman's own registry path (create-image, push, pull, restore), timed phase by phase."""
+    ref = f"{layout.REGISTRY}/podmigrate/bench-image:{name}-{int(time.time())}"
+    ip, before, lan, probe, t = _begin(lab, name)
+    try:
+        lab.run(
+            source,
+            ["podman", "container", "checkpoint", "--tcp-established", "--create-image", ref, name],
+            timeout=1800,
+        )
+        t["checkpoint"] = time.time()
+        lab.run(source, ["podman", "push", "-q", ref], timeout=1800)
+        t["push"] = time.time()
+        lab.run(target, ["podman", "pull", "-q", ref], timeout=1800)
+        t["pull"] = time.time()
+        lab.run(target, ["podman", "container", "restore", "--tcp-established", ref], timeout=1800)
+        t["restore"] = time.time()
+        lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(target)})
+        t["cutover"] = time.time()
+        _first_answer(lab, ip)
+    finally:
+        records = lan.delete(f"/v1/probes/{probe}")
+        lab.run(source, ["podman", "rm", "-f", "-t", "0", name], check=False)
+        for n in (source, target):
+            lab.run(n, ["podman", "rmi", "-f", ref], check=False)
+        lab.agent(source).post("/v1/registry/delete", {"reference": ref})
+        lan.close()
+    b = blackout(records, t["start"], time.time())
+    state = kept(before, manage.read_state(lab, ip))
+    return _result(source, target, b, t, ["checkpoint", "push", "pull", "restore", "cutover"], state)
+
+
+def _stats(out: str, podman_key: str, runtime_key: str) -> dict[str, float]:
+    """Podman's --print-stats (microseconds) as seconds: its own total and the runtime's (runc + CRIU)."""
+    try:
+        s = json.loads(out)
+        c = (s.get("container_statistics") or [{}])[0]
+        return {"podman_s": s[podman_key] / 1e6, "runtime_s": c[runtime_key] / 1e6}
+    except (ValueError, KeyError, TypeError, IndexError):
+        return {}
+
+
+def podman_one_node(lab: Lab, name: str, node: str, heap: int) -> dict[str, Any]:
+    """``podman container checkpoint --export`` and ``podman container restore --import`` where the
+    container runs, as a user would: the stopped container is removed in between (its name is
+    taken otherwise), the address stays. The archive is owner-only and removed afterwards."""
+    archive = f"{layout.NODE_CHECKPOINTS}/bench-{name}-{int(time.time() * 1000)}.tar.zst"
+    ip, before, lan, probe, t = _begin(lab, name)
+    try:
+        ck = lab.run(
+            node,
+            ["sh", "-c", 'umask 077 && exec "$@"', "-", "podman", "container", "checkpoint", "--tcp-established",
+             "--print-stats", "--export", archive, name],
+            timeout=1800,
+        )  # fmt: skip
+        t["checkpoint"] = time.time()
+        lab.run(node, ["podman", "rm", name])  # exited already: nothing to stop
+        t["remove"] = time.time()
+        rs = lab.run(
+            node,
+            ["podman", "container", "restore", "--tcp-established", "--print-stats", "--import", archive],
+            timeout=1800,
+        )
+        t["restore"] = time.time()
+        _first_answer(lab, ip)
+    finally:
+        records = lan.delete(f"/v1/probes/{probe}")
+        lab.run(node, ["rm", "-f", archive], check=False)
+        lan.close()
+    b = blackout(records, t["start"], time.time())
+    rec = _result(node, node, b, t, ["checkpoint", "remove", "restore"], kept(before, manage.read_state(lab, ip)))
+    dump = _stats(ck.stdout, "podman_checkpoint_duration", "runtime_checkpoint_duration")
+    back = _stats(rs.stdout, "podman_restore_duration", "runtime_restore_duration")
+    if dump and back:
+        rec["runtime_s"] = round(dump["runtime_s"] + back["runtime_s"], 4)
+    return rec
