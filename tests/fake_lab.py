@@ -322,7 +322,11 @@ class World:
         def restore(p: dict[str, str], b: dict[str, Any]) -> Any:
             if p["cid"] not in node.checkpoints:
                 raise RuntimeBackendError(f"no checkpoint {p['cid']} on {name}", details={"node": name})
-            return restore_from(node.checkpoints[p["cid"]])
+            out = restore_from(node.checkpoints[p["cid"]])
+            if b.get("lazy_local") and node.checkpoints[p["cid"]].get("pages"):
+                node.lazy[p["cid"]] = {"running": False, "rc": 0}  # its local daemon copies every page at once
+                return {**out, "lazy_local": True}
+            return out
 
         @app.route("DELETE", "/v1/containers/(?P<n>[^/]+)")
         def remove(p: dict[str, str], b: dict[str, Any]) -> Any:

@@ -204,6 +204,18 @@ def test_the_old_page_path_through_criu_tls_still_moves_the_heap(lab: Any, workl
     assert "page_relay" not in rec["bytes"]
 
 
+def test_the_old_eager_restore_still_moves_the_heap_and_waits_for_no_daemon(
+    lab: Any, workload: Any, monkeypatch: Any
+) -> None:
+    """``bench engine --old-paths eager-restore`` measures against the restore that reads the whole memory first."""
+    st = workload(node="node-a", heap_mb=16)
+    monkeypatch.setenv("PODMIGRATE_OLD_PATHS", "eager-restore")
+    rec = migrate(lab, Plan(workload=st["name"], target="node-b", mode="stop-copy", transport="stream"))
+    assert rec["status"] == "completed" and rec["state_after"]["sha256"] == st["sha256"]
+    assert rec["lazy_local"] is False and "local_pages" not in rec
+    assert "target: unpacking, lazy-pages daemon start" not in rec["blackout_steps"]["steps"]
+
+
 def test_names_that_a_command_line_would_read_as_options_are_refused_at_the_agent(lab: Any, workload: Any) -> None:
     st = workload(node="node-a")
     a = lab.agent("node-a")

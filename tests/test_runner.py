@@ -30,6 +30,7 @@ CALLS: dict[str, tuple[str, str, str, int]] = {
     "start": ("target", "POST", r"^/v1/containers$", 0),
     "cutover": ("lan", "PUT", r"^/v1/routes/", 0),
     "verify": ("lan", "POST", r"^/v1/http$", 1),
+    "pages": ("target", "GET", r"/lazy$", 0),
 }
 
 

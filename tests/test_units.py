@@ -378,3 +378,38 @@ def test_probes_in_flight_at_the_stop_count_as_failed_before_the_service_is_back
     assert b["failed"] == 2 and b["blackout_s"] == round(10.21 - 9.01, 4)
     # with no answer after the switch yet, every pending probe is a failure
     assert len(settle_pending([r(9.0, True), r(10.1, False, pending=True)], cut)[0]) == 2
+
+
+class _Target:
+    """A target agent's lazy route answering from a script of daemon states."""
+
+    def __init__(self, states: list[dict[str, Any]]):
+        self.states, self.asked = states, 0
+
+    def get(self, path: str) -> dict[str, Any]:
+        assert path == "/v1/checkpoints/m1/lazy"
+        state = self.states[min(self.asked, len(self.states) - 1)]
+        self.asked += 1
+        return state
+
+
+def _pages_ctx(target: _Target, lazy_local: bool = True) -> Any:
+    from types import SimpleNamespace
+
+    rec = {"id": "m1", "target": "node-b", "container": "web", "lazy_local": lazy_local}
+    return SimpleNamespace(rec=rec, agent=lambda node: target)
+
+
+def test_a_streamed_restore_waits_for_its_local_daemon_and_fails_if_it_failed() -> None:
+    from podmigrate.engine.phases.lazy import local_pages
+
+    running, done = {"dst": {"running": True, "rc": None}}, {"dst": {"running": False, "rc": 0}}
+    target = _Target([running, running, done])
+    ctx = _pages_ctx(target)
+    local_pages(ctx)
+    assert target.asked == 3 and ctx.rec["local_pages"]["daemon_rc"] == 0
+    with pytest.raises(PodmigrateError, match=r"failed \(exit 1\): the copy may miss pages"):
+        local_pages(_pages_ctx(_Target([{"dst": {"running": False, "rc": 1}}])))
+    eager = _Target([running])
+    local_pages(_pages_ctx(eager, lazy_local=False))  # an eager restore: nothing to wait for
+    assert eager.asked == 0

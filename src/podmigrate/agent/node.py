@@ -261,6 +261,8 @@ class NodeAgent:
         # target: the source's own copy, which a rollback restores from, is never punched.
         criu: tuple[str, ...] = ("auto-dedup",)
         self.memory.release(cid)  # if nothing released it yet
+        if b.get("lazy_local") and pages.is_dir():
+            return self.lazy.restore_from_pages(cid, b)
         with self.files.busy(cid):
             if pages.is_dir():
                 # the page server wrote the memory pages here; the rest of the images come in the archive

@@ -162,6 +162,24 @@ class LazyPages:
             self.wakers[cid] = waker
         return {**res, "wake_faults": waker is not None}
 
+    def restore_from_pages(self, cid: str, b: dict[str, Any]) -> Any:
+        """A streamed dump's restore that leaves its memory in the images the page server wrote: a
+        local lazy-pages daemon copies it in while the copy already runs, so the blackout does not
+        include reading the whole heap (``lazy`` reports the daemon until every page is in)."""
+        with self.files.busy(cid):
+            res, daemon, waker = self.rt.lazy_restore(
+                self.files.archive(cid),
+                self.files.pages(cid),
+                self.files.work(cid),
+                None,
+                None,
+                tcp_established=b.get("tcp_established", True),
+            )
+        self.jobs[f"dst-{cid}"] = daemon
+        if waker:
+            self.wakers[cid] = waker
+        return {**res, "image_pulled": b.get("image_pulled", False), "lazy_local": True}
+
     def lazy_status(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         out: dict[str, Any] = {}
         for role in ("src", "dst"):

@@ -63,12 +63,6 @@ def ratios(tab: list[dict[str, Any]], rows: list[dict[str, Any]], variant: str =
         stream, ">= 6", lambda r: r >= 6)  # fmt: skip
     add(f"podman export, copy, import between nodes / stop-copy/stream at {big} MB", _blackout(tab, big, PODMAN),
         stream, ">= 6", lambda r: r >= 6)  # fmt: skip
-    # Podman's one-node path holds a CRIU dump and a CRIU restore (runc's share, from --print-stats); any
-    # path that dumps and restores the whole memory pays at least those, so this is the most it can gain
-    one = next((t for t in tab if t["heap_mb"] == big and t["method"] == ONE_NODE), None)
-    if one and one.get("runtime_s"):
-        add(f"ceiling for any full dump + restore: podman one node / its runc+CRIU time at {big} MB",
-            one["blackout_s"], one["runtime_s"], ">= 6 (else 6 cannot be reached)", lambda r: r >= 6)  # fmt: skip
     decoupled = [r for r in rows if not r["warmup"] and r["method"].startswith("decoupled/")]
     if decoupled:
         failed = sum(int(r.get("cutover_failed_probes") or 0) for r in decoupled)

@@ -17,6 +17,8 @@ CHANGES = {
     "(validate made sure of it before the freeze)",
     "criu-tls-pages": "a sealed migration's streamed pages cross in CRIU's own TLS (GnuTLS, 16 KB records "
     "inside the freeze) instead of the agents' sealed relay (transport.pagerelay)",
+    "eager-restore": "a streamed dump's restore reads the whole memory out of the images before the copy runs, "
+    "instead of a local lazy-pages daemon copying it in while the copy already serves",
     "restored-check-before-cutover": "the restored copy's state and addresses are checked after its first "
     "answer, not between the restore and the route switch",
 }

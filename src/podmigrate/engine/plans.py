@@ -10,7 +10,7 @@ docs/architecture.md, equal to the code.
 | scope | mode | transport | phases | committed after | a controller that died before that |
 |---|---|---|---|---|---|
 | container | stop-copy, decoupled | registry | validate, checkpoint, push, pull, restore, cutover, verify, cleanup | verify | rolls back |
-| container | stop-copy, decoupled | stream | validate, page-server, checkpoint, transfer, restore, cutover, verify, cleanup | verify | rolls back |
+| container | stop-copy, decoupled | stream | validate, page-server, checkpoint, transfer, restore, cutover, pages, verify, cleanup | verify | rolls back |
 | container | stop-copy, decoupled | archive | validate, checkpoint, transfer, restore, cutover, verify, cleanup | verify | rolls back |
 | container | lazy | stream | validate, checkpoint, transfer, restore, cutover, verify, pages, cleanup | restore | rolls back |
 | container | cold | none | validate, stop, start, cutover, verify, cleanup | verify | rolls back |
@@ -52,7 +52,7 @@ class PhaseName(StrEnum):
     RESTORE = "restore"  # CRIU restores the copy on the target
     CUTOVER = "cutover"  # traffic goes to the target (a route, an nft map element, a selector)
     VERIFY = "verify"  # the copy answers with the state the source had
-    PAGES = "pages"  # lazy: every page has moved to the target
+    PAGES = "pages"  # lazy, and a streamed restore: every page has moved into the copy
     PARK = "park"  # the image stays in the registry, and what restoring it needs (engine.parking)
     CLEANUP = "cleanup"  # the source, the archives and images go; failures are warnings
 
@@ -86,10 +86,10 @@ PLANS: dict[tuple[str, str, str], Row] = {
         for m in _COPY
     },
     # memory pages flow into the target's CRIU page server during the dump; the rest of the
-    # checkpoint (a few MB) follows agent to agent
+    # checkpoint (a few MB) follows agent to agent; the copy runs before its memory is all in (pages)
     **{
         ("container", m, "stream"): Row(
-            (P.VALIDATE, P.PAGE_SERVER, P.CHECKPOINT, P.TRANSFER, P.RESTORE, P.CUTOVER, P.VERIFY, P.CLEANUP),
+            (P.VALIDATE, P.PAGE_SERVER, P.CHECKPOINT, P.TRANSFER, P.RESTORE, P.CUTOVER, P.PAGES, P.VERIFY, P.CLEANUP),
             P.VERIFY,
             _LAB,
         )

@@ -141,10 +141,12 @@ class Runtime(Protocol):
         archive: Path,
         images: Path,
         work: Path,
-        address: str,
-        port: int,
+        address: str | None,
+        port: int | None,
         *,
         tcp_established: bool = True,
         wake_faults: bool = True,
         tls: tuple[str, ...] = (),
-    ) -> tuple[dict[str, Any], subprocess.Popen[bytes], FaultWaker | None]: ...  # restore, pages fetched on fault
+    ) -> tuple[
+        dict[str, Any], subprocess.Popen[bytes], FaultWaker | None
+    ]: ...  # restore, pages on fault (from ``images`` without an address)

@@ -181,16 +181,19 @@ class PodmanLazy(PodmanCLI):
         archive: Path,
         images: Path,
         work: Path,
-        address: str,
-        port: int,
+        address: str | None,
+        port: int | None,
         *,
         tcp_established: bool = True,
         wake_faults: bool = True,
         tls: tuple[str, ...] = (),
     ) -> tuple[dict[str, Any], subprocess.Popen[bytes], FaultWaker | None]:
         """Restore with the memory left behind: a ``criu lazy-pages`` daemon fetches pages from the
-        source as the process touches them (userfaultfd), and the rest in the background.
-        ``wake_faults`` re-raises the faults the daemon drops (see ``runtime.uffd``)."""
+        source at ``address:port`` as the process touches them (userfaultfd), and the rest in the
+        background. Without an address the pages are here already, in ``images`` (a streamed dump's
+        page server wrote them, each marked lazy-able by CRIU): the daemon copies them in from there,
+        so the restore does not read the whole memory before the process runs. ``wake_faults``
+        re-raises the faults the daemon drops (see ``runtime.uffd``)."""
         started = time.time()
         images.mkdir(mode=0o700, exist_ok=True)
         work.mkdir(mode=0o700, exist_ok=True)
@@ -205,11 +208,7 @@ class PodmanLazy(PodmanCLI):
             [
                 "criu",
                 "lazy-pages",
-                "--page-server",
-                "--address",
-                address,
-                "--port",
-                str(port),
+                *(["--page-server", "--address", address, "--port", str(port)] if address else []),
                 "-D",
                 str(images),
                 "-W",
@@ -217,7 +216,7 @@ class PodmanLazy(PodmanCLI):
                 "-o",
                 "lazy-pages.log",
                 "-v2",
-                *(f"--{line}" for line in tls),
+                *(f"--{line}" for line in tls if address),
             ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
@@ -240,7 +239,8 @@ class PodmanLazy(PodmanCLI):
         t0 = time.time()
         try:
             with (
-                self.criu_options("lazy-pages", f"work-dir={work}"),
+                # local pages: the archive holds none, CRIU reads the images where they are
+                self.criu_options("lazy-pages", f"work-dir={work}", *(() if address else (f"images-dir={images}",))),
                 freezer.freeze_when_opened(CRIU_CONF, None) as noted,
             ):
                 self._run(*args, what="lazy restore")

@@ -28,6 +28,8 @@ _COMMON = phase_table(
     Phase(P.START, c.start_fresh, c.undo_restore),
     Phase(P.CUTOVER, traffic.cutover, traffic.undo_cutover),
     Phase(P.VERIFY, c.verify),
+    # a streamed restore's memory, copied in by a local lazy-pages daemon: all of it before verify
+    Phase(P.PAGES, lazy.local_pages),
     Phase(P.CLEANUP, traffic.cleanup),
 )
 _LAZY = phase_table(

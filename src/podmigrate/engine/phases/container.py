@@ -150,7 +150,11 @@ def restore(ctx: Ctx) -> None:
     body: dict[str, Any] = {"tcp_established": rec["plan"]["tcp_established"]}
     if paths.old("restore-image-check"):
         body["image"] = rec["image"]
+    caps = ((rec.get("nodes") or {}).get(rec["target"]) or {}).get("capabilities") or {}
+    if rec.get("transport") == "stream" and caps.get("lazy_pages") and not paths.old("eager-restore"):
+        body["lazy_local"] = True  # the pages are in the target's images: copied in as the copy runs
     res = ctx.agent(rec["target"]).post(f"/v1/checkpoints/{checkpoint_id(rec)}/restore", body)
+    rec["lazy_local"] = bool(res.get("lazy_local"))
     rec["criu"]["restore"] = res["stats"]
     rec["restored_at"] = res["ended"]
     breakdown.note(rec, "target", res.get("timeline"))

@@ -10,6 +10,7 @@ import os
 import time
 
 from podmigrate.engine import breakdown, paths
+from podmigrate.engine.phases.container import checkpoint_id
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.errors import PodmigrateError
 
@@ -90,3 +91,26 @@ def lazy_pages(ctx: Ctx) -> None:
             return
         time.sleep(0.1)
     raise PodmigrateError("the lazy page transfer did not finish within 30 minutes")
+
+
+def local_pages(ctx: Ctx) -> None:
+    """A streamed restore whose memory a local lazy-pages daemon copies in (``container.restore``):
+    wait until it has every page, before verify and before cleanup deletes the images it reads.
+    Nothing to wait for after an eager restore."""
+    rec = ctx.rec
+    if not rec.get("lazy_local"):
+        return
+    deadline = time.monotonic() + 1800
+    while time.monotonic() < deadline:
+        target = ctx.agent(rec["target"]).get(f"/v1/checkpoints/{checkpoint_id(rec)}/lazy")
+        dst = target.get("dst", {})
+        if not dst.get("running"):
+            if dst.get("rc") not in (0, None):
+                raise PodmigrateError(
+                    f"the lazy-pages daemon filling {rec['container']}'s memory on {rec['target']} failed "
+                    f"(exit {dst.get('rc')}): the copy may miss pages"
+                )
+            rec["local_pages"] = {"daemon_rc": dst.get("rc"), "all_pages_at": time.time(), "waker": target.get("waker")}
+            return
+        time.sleep(0.05)
+    raise PodmigrateError("the local lazy-pages daemon did not finish within 30 minutes")
