@@ -43,6 +43,9 @@ def test_podmans_export_and_import_on_one_node_keep_the_heap_and_leave_no_archiv
     assert (rec["state"], rec["checks"]["sha256_equal"]) == ("kept", True)
     assert set(rec["phase_s"]) == {"checkpoint", "remove", "restore"}
     assert rec["blackout_s"] > 0
+    split = rec["blackout_steps"]  # drawn beside the engine's migrations: the podman commands, then the wait
+    assert {"podman: checkpoint", "podman: restore"} <= set(split["steps"]) and split["window_s"] == rec["blackout_s"]
+    assert sum(split["steps"].values()) + split["unaccounted_s"] == pytest.approx(split["window_s"], abs=0.005)
     # runc and CRIU's share of it, from Podman's own statistics, is part of the whole
     assert 0 < rec["runtime_s"] < sum(rec["phase_s"].values())
     left = lab.run("node-a", ["ls", "-A", layout.NODE_CHECKPOINTS]).stdout.split()

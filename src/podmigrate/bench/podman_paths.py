@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import json
 import time
-from typing import Any
+from typing import Any, cast
 
 from podmigrate import layout
+from podmigrate.engine import breakdown
 from podmigrate.engine.blackout import blackout
+from podmigrate.engine.record import Record
 from podmigrate.errors import PodmigrateError
 from podmigrate.lab.cluster import Lab
 from podmigrate.workload import manage
@@ -56,6 +58,10 @@ def _result(
     source: str, target: str, b: dict[str, Any], t: dict[str, float], names: list[str], state: tuple[str, bool]
 ) -> dict[str, Any]:
     stamps = [t["start"], *(t[n] for n in names)]
+    # the blackout split as the engine's records split theirs (engine.breakdown): each podman command
+    # a step, then the wait for the copy's first answer
+    timeline = [[f"podman: {n}", stamps[i], stamps[i + 1]] for i, n in enumerate(names)]
+    timeline.append(["after it, until the copy answers", stamps[-1], b.get("first_ok_after") or stamps[-1]])
     return {
         "id": None,
         "source": source,
@@ -65,6 +71,7 @@ def _result(
         "state": state[0],
         "checks": {"sha256_equal": state[1]},
         "bytes_moved": None,
+        "blackout_steps": breakdown.steps(cast(Record, {"blackout": b, "timeline": timeline})),
     }
 
 
