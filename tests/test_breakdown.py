@@ -105,7 +105,7 @@ def test_the_benchmark_states_each_target_ratio_and_the_report_draws_the_steps(t
         _tab_row(64, "lazy (post-copy)", 0.4), _tab_row(64, "cold restart", 0.5),
         _tab_row(1024, "lazy (post-copy)", 0.5), _tab_row(1024, "cold restart", 0.8),
         _tab_row(1024, "stop-copy/stream", 2.0), _tab_row(1024, "podman archive (export/copy/import)", 9.0),
-        _tab_row(1024, "podman export/import (one node)", 7.0),
+        _tab_row(1024, "podman-one-node (export/import)", 7.0),
     ]  # fmt: skip
     rows = [{"warmup": False, "method": "decoupled/stream", "cutover_failed_probes": n} for n in (0, 2)]
     got = {r["ratio"]: (r["value"], r["holds"]) for r in bench_breakdown.ratios(table, rows)}

@@ -28,18 +28,15 @@ def test_the_state_check_wants_the_same_heap_the_same_process_and_a_counter_not_
 def test_print_stats_are_read_as_seconds_and_anything_else_as_nothing() -> None:
     out = json.dumps({"podman_checkpoint_duration": 2_500_000,
                       "container_statistics": [{"runtime_checkpoint_duration": 1_250_000}]})  # fmt: skip
-    assert podman_paths._stats(out, "podman_checkpoint_duration", "runtime_checkpoint_duration") == {
-        "podman_s": 2.5,
-        "runtime_s": 1.25,
-    }
-    assert podman_paths._stats("not json", "a", "b") == {}
-    assert podman_paths._stats(json.dumps({"container_statistics": []}), "a", "b") == {}
+    assert podman_paths._runtime_s(out, "runtime_checkpoint_duration") == 1.25
+    assert podman_paths._runtime_s("not json", "a") is None
+    assert podman_paths._runtime_s(json.dumps({"container_statistics": []}), "a") is None
 
 
 @pytest.mark.lab
 def test_podmans_export_and_import_on_one_node_keep_the_heap_and_leave_no_archive(lab: Any, workload: Any) -> None:
     w = workload("node-a", 64, ip="10.89.1.231")  # static: the import keeps it
-    rec = podman_paths.podman_one_node(lab, w["name"], "node-a", 64)
+    rec = podman_paths.podman_one_node(lab, w["name"], "node-a")
     assert (rec["state"], rec["checks"]["sha256_equal"]) == ("kept", True)
     assert set(rec["phase_s"]) == {"checkpoint", "remove", "restore"}
     assert rec["blackout_s"] > 0

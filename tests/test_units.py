@@ -413,3 +413,27 @@ def test_a_streamed_restore_waits_for_its_local_daemon_and_fails_if_it_failed() 
     eager = _Target([running])
     local_pages(_pages_ctx(eager, lazy_local=False))  # an eager restore: nothing to wait for
     assert eager.asked == 0
+    # an agent that has no record of the daemon (restarted) is not taken for one that finished
+    with pytest.raises(PodmigrateError, match="no record of the lazy-pages daemon"):
+        local_pages(_pages_ctx(_Target([{"lan_tx_bytes": 0}])))
+
+
+def test_the_pages_phase_waits_out_a_target_agent_that_is_briefly_unreachable(monkeypatch: Any) -> None:
+    from podmigrate.engine.phases import lazy
+    from podmigrate.errors import AgentError
+
+    class Flaky(_Target):
+        def get(self, path: str) -> dict[str, Any]:
+            self.asked += 1
+            if self.asked <= 2:
+                raise AgentError("agent node-b unreachable")
+            return {"dst": {"running": False, "rc": 0}}
+
+    monkeypatch.setattr(lazy, "_pause", lambda s: None)
+    flaky = Flaky([])
+    ctx = _pages_ctx(flaky)
+    lazy.local_pages(ctx)
+    assert flaky.asked == 3 and ctx.rec["local_pages"]["daemon_rc"] == 0
+    monkeypatch.setattr(lazy, "AGENT_PATIENCE_S", -1.0)  # gone for good: the phase fails, and rolls back
+    with pytest.raises(AgentError):
+        lazy.local_pages(_pages_ctx(Flaky([])))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,7 @@ from podmigrate.agent.memory import Reservations
 from podmigrate.agent.node_lazy import LazyPages
 from podmigrate.agent.notice import SpotNotice
 from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
+from podmigrate.runtime.lazy import LazyPagesUnavailable
 from podmigrate.transport import seal, stream
 from podmigrate.transport.archive import ArchiveTransport
 from podmigrate.transport.base import Sent, Transport
@@ -259,10 +261,13 @@ class NodeAgent:
         # the images fill is freed while the heap fills up and its (already touched) memory is reused,
         # instead of a second heap's worth of fresh memory (seconds per GB on a VM). Only here, on the
         # target: the source's own copy, which a rollback restores from, is never punched.
-        criu: tuple[str, ...] = ("auto-dedup",)
         self.memory.release(cid)  # if nothing released it yet
         if b.get("lazy_local") and pages.is_dir():
-            return self.lazy.restore_from_pages(cid, b)
+            try:
+                return self.lazy.restore_from_pages(cid, b)
+            except LazyPagesUnavailable as e:  # nothing restored yet: read the pages first instead
+                print(f"restore of {cid}: {e}; restoring with the pages read first", file=sys.stderr, flush=True)
+        criu: tuple[str, ...] = ("auto-dedup",)
         with self.files.busy(cid):
             if pages.is_dir():
                 # the page server wrote the memory pages here; the rest of the images come in the archive

@@ -62,6 +62,13 @@ class LazyPages:
             if job is not None and job.poll() is None:
                 job.kill()
                 job.wait()
+        # a daemon or page server an earlier agent started (this one was restarted) would read the
+        # images being deleted under it: found by the checkpoint id its command line names
+        for pid in _processes(
+            cid, lambda argv: argv[0].endswith(b"criu") and argv[1:2] in ([b"lazy-pages"], [b"page-server"])
+        ):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         waker = self.wakers.pop(cid, None)
         if waker is not None:
             waker.stop()
@@ -174,6 +181,7 @@ class LazyPages:
                 None,
                 None,
                 tcp_established=b.get("tcp_established", True),
+                wake_faults=b.get("wake_faults", True),
             )
         self.jobs[f"dst-{cid}"] = daemon
         if waker:
@@ -236,6 +244,11 @@ class LazyPages:
 
 def orphaned_dump(cid: str) -> list[int]:
     """The podman/runc/CRIU processes of lazy dump ``cid`` (their command lines name its archive)."""
+    return _processes(cid, lambda argv: any(a.endswith((b"podman", b"criu", b"runc")) for a in argv[:1]))
+
+
+def _processes(cid: str, which: Callable[[list[bytes]], bool]) -> list[int]:
+    """This node's processes whose command line names checkpoint ``cid`` and that ``which`` picks."""
     found = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
@@ -244,6 +257,6 @@ def orphaned_dump(cid: str) -> list[int]:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(cid.encode() in a for a in argv) and any(a.endswith((b"podman", b"criu", b"runc")) for a in argv[:1]):
+        if any(cid.encode() in a for a in argv) and which(argv):
             found.append(int(entry))
     return found

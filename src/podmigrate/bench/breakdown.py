@@ -15,7 +15,7 @@ from typing import Any
 
 LAZY, COLD, STREAM = "lazy (post-copy)", "cold restart", "stop-copy/stream"
 PODMAN = "podman archive (export/copy/import)"
-ONE_NODE = "podman export/import (one node)"  # bench.podman_paths.ONE_NODE
+ONE_NODE = "podman-one-node (export/import)"  # bench.podman_paths: Podman's own path, on one node
 
 
 def median_run(rs: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -41,7 +41,7 @@ METHODS: list[tuple[str, str, str, str]] = [
     ("decoupled/registry", "decoupled", "registry", "none"),
     ("podman archive (export/copy/import)", "stop-copy", "archive", "none"),
     ("podman-image (create-image/push/pull)", "podman-image", "", ""),
-    (podman_paths.ONE_NODE, "podman-one-node", "", ""),
+    (breakdown.ONE_NODE, "podman-one-node", "", ""),
     ("cold restart", "cold", "none", "none"),
 ]
 
@@ -177,9 +177,9 @@ def _heap_runs(
                 report(f"{heap} MB: {shown} run {i + 1}/{runs} ({source} -> {target})")
                 rec: Mapping[str, Any]
                 if mode == "podman-image":
-                    rec = podman_paths.podman_image(lab, name, source, target, heap)
+                    rec = podman_paths.podman_image(lab, name, source, target)
                 elif mode == "podman-one-node":
-                    rec = podman_paths.podman_one_node(lab, name, source, heap)
+                    rec = podman_paths.podman_one_node(lab, name, source)
                 else:
                     plan = Plan(workload=name, target=target, mode=mode, transport=transport, compression=compression)
                     rec = migrate(lab, plan)
@@ -306,7 +306,7 @@ def paired_markdown(rows: list[dict[str, Any]], first: str, second: str) -> str:
 
 
 def markdown(tab: list[dict[str, Any]]) -> str:
-    cols = ["checkpoint", "page-server", "push", "pull", "transfer", "stop", "start", "restore", "cutover"]
+    cols = ["checkpoint", "page-server", "push", "pull", "transfer", "stop", "start", "restore", "cutover", "pages"]
     lines = [
         "| heap MB | method | n | blackout s | at cutover s | drift (ticks) | CRIU frozen s | "
         + " | ".join(cols)

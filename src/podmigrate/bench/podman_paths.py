@@ -21,8 +21,6 @@ from podmigrate.errors import PodmigrateError
 from podmigrate.lab.cluster import Lab
 from podmigrate.workload import manage
 
-ONE_NODE = "podman export/import (one node)"
-
 
 def kept(before: dict[str, Any] | None, after: dict[str, Any] | None) -> tuple[str, bool]:
     """The state check every migration makes: same heap, same process, the counter not backwards."""
@@ -33,11 +31,13 @@ def kept(before: dict[str, Any] | None, after: dict[str, Any] | None) -> tuple[s
     return ("kept" if ok else "lost"), same
 
 
-def _first_answer(lab: Lab, ip: str, seconds: float = 120.0) -> None:
+def _answered(lan: Any, probe: str, since: float, seconds: float = 120.0) -> None:
+    """Until the prober has 3 answers sent after ``since`` (as ``traffic.finish_probe`` waits), so
+    that its log holds the copy's first answer before it is stopped."""
     deadline = time.monotonic() + seconds
-    while not manage.lan_get(lab, f"http://{ip}:8000/healthz", timeout=2)["ok"]:
+    while sum(1 for r in lan.get(f"/v1/probes/{probe}") if r["ok"] and r["sent"] > since) < 3:
         if time.monotonic() > deadline:
-            raise PodmigrateError(f"the workload at {ip} did not answer within {seconds:.0f} s of its restore")
+            raise PodmigrateError(f"the workload did not answer its prober within {seconds:.0f} s of its restore")
         time.sleep(0.02)
 
 
@@ -60,7 +60,10 @@ def _result(
     stamps = [t["start"], *(t[n] for n in names)]
     # the blackout split as the engine's records split theirs (engine.breakdown): each podman command
     # a step, then the wait for the copy's first answer
-    timeline = [[f"podman: {n}", stamps[i], stamps[i + 1]] for i, n in enumerate(names)]
+    timeline = [
+        ["LAN: route switch" if n == "cutover" else f"podman: {n}", stamps[i], stamps[i + 1]]
+        for i, n in enumerate(names)
+    ]
     timeline.append(["after it, until the copy answers", stamps[-1], b.get("first_ok_after") or stamps[-1]])
     return {
         "id": None,
@@ -75,7 +78,7 @@ def _result(
     }
 
 
-def podman_image(lab: Lab, name: str, source: str, target: str, heap: int) -> dict[str, Any]:
+def podman_image(lab: Lab, name: str, source: str, target: str) -> dict[str, Any]:
     """Podman's own registry path (create-image, push, pull, restore), timed phase by phase."""
     ref = f"{layout.REGISTRY}/podmigrate/bench-image:{name}-{int(time.time())}"
     ip, before, lan, probe, t = _begin(lab, name)
@@ -94,7 +97,7 @@ def podman_image(lab: Lab, name: str, source: str, target: str, heap: int) -> di
         t["restore"] = time.time()
         lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(target)})
         t["cutover"] = time.time()
-        _first_answer(lab, ip)
+        _answered(lan, probe, t["cutover"])
     finally:
         records = lan.delete(f"/v1/probes/{probe}")
         lab.run(source, ["podman", "rm", "-f", "-t", "0", name], check=False)
@@ -107,20 +110,19 @@ def podman_image(lab: Lab, name: str, source: str, target: str, heap: int) -> di
     return _result(source, target, b, t, ["checkpoint", "push", "pull", "restore", "cutover"], state)
 
 
-def _stats(out: str, podman_key: str, runtime_key: str) -> dict[str, float]:
-    """Podman's --print-stats (microseconds) as seconds: its own total and the runtime's (runc + CRIU)."""
+def _runtime_s(out: str, key: str) -> float | None:
+    """The runtime's share (runc + CRIU) from Podman's --print-stats (microseconds), in seconds."""
     try:
-        s = json.loads(out)
-        c = (s.get("container_statistics") or [{}])[0]
-        return {"podman_s": s[podman_key] / 1e6, "runtime_s": c[runtime_key] / 1e6}
-    except (ValueError, KeyError, TypeError, IndexError):
-        return {}
+        return float((json.loads(out).get("container_statistics") or [{}])[0][key]) / 1e6
+    except (ValueError, KeyError, TypeError, IndexError, AttributeError):
+        return None
 
 
-def podman_one_node(lab: Lab, name: str, node: str, heap: int) -> dict[str, Any]:
+def podman_one_node(lab: Lab, name: str, node: str) -> dict[str, Any]:
     """``podman container checkpoint --export`` and ``podman container restore --import`` where the
     container runs, as a user would: the stopped container is removed in between (its name is
-    taken otherwise), the address stays. The archive is owner-only and removed afterwards."""
+    taken otherwise), the address stays. The archive is owner-only and removed afterwards, unless
+    the restore failed after the removal: then it is the workload's only copy, and kept."""
     archive = f"{layout.NODE_CHECKPOINTS}/bench-{name}-{int(time.time() * 1000)}.tar.zst"
     ip, before, lan, probe, t = _begin(lab, name)
     try:
@@ -139,15 +141,18 @@ def podman_one_node(lab: Lab, name: str, node: str, heap: int) -> dict[str, Any]
             timeout=1800,
         )
         t["restore"] = time.time()
-        _first_answer(lab, ip)
+        _answered(lan, probe, t["restore"])
     finally:
         records = lan.delete(f"/v1/probes/{probe}")
-        lab.run(node, ["rm", "-f", archive], check=False)
+        if "remove" in t and "restore" not in t:
+            print(f"the restore of {name} on {node} failed; its checkpoint is kept in {archive}", flush=True)
+        else:
+            lab.run(node, ["rm", "-f", archive], check=False)
         lan.close()
     b = blackout(records, t["start"], time.time())
     rec = _result(node, node, b, t, ["checkpoint", "remove", "restore"], kept(before, manage.read_state(lab, ip)))
-    dump = _stats(ck.stdout, "podman_checkpoint_duration", "runtime_checkpoint_duration")
-    back = _stats(rs.stdout, "podman_restore_duration", "runtime_restore_duration")
-    if dump and back:
-        rec["runtime_s"] = round(dump["runtime_s"] + back["runtime_s"], 4)
+    dump = _runtime_s(ck.stdout, "runtime_checkpoint_duration")
+    back = _runtime_s(rs.stdout, "runtime_restore_duration")
+    if dump is not None and back is not None:
+        rec["runtime_s"] = round(dump + back, 4)
     return rec

@@ -175,7 +175,7 @@ class Record(RunRecord, total=False):
     stream: dict[str, Any]  # sha256 and seconds of the agent-to-agent copy
     lazy: Lazy
     lazy_local: bool  # a streamed restore whose memory a local lazy-pages daemon copied in
-    local_pages: dict[str, Any]  # that daemon's end: exit code, when every page was in, the fault waker
+    local_pages: dict[str, Any]  # that daemon's end: exit code, when the controller saw it, the fault waker
     cutover: Cutover
     checks: dict[str, bool]  # sha256_equal, counter_not_backwards, same_process_start
     state: str  # kept | lost

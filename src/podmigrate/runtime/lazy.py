@@ -23,6 +23,10 @@ from podmigrate.runtime.podman_cli import PodmanCLI
 from podmigrate.runtime.uffd import FaultWaker
 
 
+class LazyPagesUnavailable(RuntimeBackendError):
+    """The lazy-pages daemon did not start: nothing was restored, an eager restore can still run."""
+
+
 class PodmanLazy(PodmanCLI):
     def lazy_checkpoint(
         self,
@@ -226,7 +230,8 @@ class PodmanLazy(PodmanCLI):
         while not (work / "lazy-pages.socket").exists():
             if daemon.poll() is not None or time.monotonic() > deadline:
                 daemon.kill()
-                raise RuntimeBackendError(
+                daemon.wait()
+                raise LazyPagesUnavailable(
                     f"criu lazy-pages did not start on {self.node}",
                     details={"log": file_tail(work / "lazy-pages.log")},
                 )
@@ -246,6 +251,7 @@ class PodmanLazy(PodmanCLI):
                 self._run(*args, what="lazy restore")
         except Exception:
             daemon.kill()
+            daemon.wait()
             if waker:
                 waker.stop()
             raise

@@ -7,6 +7,7 @@ Neighbours: ``validate`` before them, ``traffic`` after (cutover, verify, cleanu
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any
 
@@ -153,6 +154,7 @@ def restore(ctx: Ctx) -> None:
     caps = ((rec.get("nodes") or {}).get(rec["target"]) or {}).get("capabilities") or {}
     if rec.get("transport") == "stream" and caps.get("lazy_pages") and not paths.old("eager-restore"):
         body["lazy_local"] = True  # the pages are in the target's images: copied in as the copy runs
+        body["wake_faults"] = os.environ.get("PODMIGRATE_LAZY_WAKE", "1") != "0"  # as in lazy mode
     res = ctx.agent(rec["target"]).post(f"/v1/checkpoints/{checkpoint_id(rec)}/restore", body)
     rec["lazy_local"] = bool(res.get("lazy_local"))
     rec["criu"]["restore"] = res["stats"]

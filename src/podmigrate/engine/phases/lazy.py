@@ -12,7 +12,10 @@ import time
 from podmigrate.engine import breakdown, paths
 from podmigrate.engine.phases.container import checkpoint_id
 from podmigrate.engine.phases.context import Ctx
-from podmigrate.errors import PodmigrateError
+from podmigrate.errors import AgentError, PodmigrateError
+
+AGENT_PATIENCE_S = 30.0  # how long the pages phase waits for an unreachable target agent
+_pause = time.sleep  # the pages phase's polling pause (tests make it instant)
 
 
 def lazy_checkpoint(ctx: Ctx) -> None:
@@ -96,21 +99,39 @@ def lazy_pages(ctx: Ctx) -> None:
 def local_pages(ctx: Ctx) -> None:
     """A streamed restore whose memory a local lazy-pages daemon copies in (``container.restore``):
     wait until it has every page, before verify and before cleanup deletes the images it reads.
+    Only an exit 0 that the target agent saw counts: a daemon it has no record of (the agent was
+    restarted) may have died with pages missing, which the kernel would then fill with zeros.
     Nothing to wait for after an eager restore."""
     rec = ctx.rec
     if not rec.get("lazy_local"):
         return
     deadline = time.monotonic() + 1800
+    unreachable_since: float | None = None
     while time.monotonic() < deadline:
-        target = ctx.agent(rec["target"]).get(f"/v1/checkpoints/{checkpoint_id(rec)}/lazy")
-        dst = target.get("dst", {})
+        try:
+            target = ctx.agent(rec["target"]).get(f"/v1/checkpoints/{checkpoint_id(rec)}/lazy")
+        except AgentError:
+            # rolling back would throw away what the copy has served so far: give the agent a while
+            unreachable_since = unreachable_since or time.monotonic()
+            if time.monotonic() - unreachable_since > AGENT_PATIENCE_S:
+                raise
+            _pause(0.5)
+            continue
+        unreachable_since = None
+        dst = target.get("dst")
+        if dst is None:
+            raise PodmigrateError(
+                f"{rec['target']}'s agent has no record of the lazy-pages daemon filling {rec['container']}'s "
+                "memory (was the agent restarted?): the copy may miss pages"
+            )
         if not dst.get("running"):
-            if dst.get("rc") not in (0, None):
+            if dst.get("rc") != 0:
                 raise PodmigrateError(
                     f"the lazy-pages daemon filling {rec['container']}'s memory on {rec['target']} failed "
                     f"(exit {dst.get('rc')}): the copy may miss pages"
                 )
-            rec["local_pages"] = {"daemon_rc": dst.get("rc"), "all_pages_at": time.time(), "waker": target.get("waker")}
+            # when the controller saw it done (its poll), not when the daemon exited
+            rec["local_pages"] = {"daemon_rc": 0, "seen_done_at": time.time(), "waker": target.get("waker")}
             return
-        time.sleep(0.05)
+        _pause(0.05)
     raise PodmigrateError("the local lazy-pages daemon did not finish within 30 minutes")
