@@ -49,3 +49,16 @@ def test_podmans_export_and_import_on_one_node_keep_the_heap_and_leave_no_archiv
     assert not [f for f in left if f.startswith("bench-")]
     running = lab.run("node-a", ["podman", "ps", "--format", "{{.Names}}"]).stdout.split()
     assert w["name"] in running
+
+
+@pytest.mark.lab
+def test_podmans_registry_path_moves_the_heap_and_leaves_no_image_or_copy(lab: Any, workload: Any) -> None:
+    w = workload("node-a", 64, ip="10.89.1.232")  # static: podman's create-image path keeps only those
+    rec = podman_paths.podman_image(lab, w["name"], "node-a", "node-b")
+    assert (rec["state"], rec["checks"]["sha256_equal"]) == ("kept", True)
+    assert "LAN: route switch" in rec["blackout_steps"]["steps"]
+    for node in ("node-a", "node-b"):
+        images = lab.run(node, ["podman", "images", "--format", "{{.Repository}}"]).stdout
+        assert "bench-image" not in images
+    assert w["name"] not in lab.run("node-a", ["podman", "ps", "-a", "--format", "{{.Names}}"]).stdout.split()
+    assert w["name"] in lab.run("node-b", ["podman", "ps", "--format", "{{.Names}}"]).stdout.split()

@@ -112,7 +112,7 @@ def _rec(mode: str, rss: int, span: float, blackout: float, status: str = "compl
 
 
 def test_rates_are_fitted_from_past_migrations_and_say_when_they_are_only_defaults() -> None:
-    from podmigrate.engine.rates import learn
+    from podmigrate.engine.rates import DEFAULTS, learn
 
     records = [
         _rec("stop-copy", 64 * MB, 1.0, 0.7), _rec("stop-copy", GB, 4.0, 3.6),
@@ -131,7 +131,8 @@ def test_rates_are_fitted_from_past_migrations_and_say_when_they_are_only_defaul
     # two migrations of nearly one size: no slope from them (their noise would be a gigabyte's error)
     close = learn([_rec("stop-copy", 100 * MB, 1.0, 0.62), _rec("stop-copy", 128 * MB, 1.3, 0.61)])
     assert close["stop-copy/stream"].basis == "measured: 2 migrations"
-    assert 2.0 < close["stop-copy/stream"].blackout(GB) < 5.0  # the default's rate, not the points' slope
+    per = DEFAULTS["stop-copy/stream"][3] or 1.0  # the default's rate through their median, not their slope
+    assert close["stop-copy/stream"].blackout(GB) == pytest.approx(0.615 + (GB - 114 * MB) / per)
     assert rates["stop-copy/registry"].basis.startswith("default")
 
 

@@ -100,10 +100,13 @@ def podman_image(lab: Lab, name: str, source: str, target: str) -> dict[str, Any
         _answered(lan, probe, t["cutover"])
     finally:
         records = lan.delete(f"/v1/probes/{probe}")
-        lab.run(source, ["podman", "rm", "-f", "-t", "0", name], check=False)
-        for n in (source, target):
-            lab.run(n, ["podman", "rmi", "-f", ref], check=False)
-        lab.agent(source).post("/v1/registry/delete", {"reference": ref})
+        if "restore" in t:
+            lab.run(source, ["podman", "rm", "-f", "-t", "0", name], check=False)
+            for n in (source, target):
+                lab.run(n, ["podman", "rmi", "-f", ref], check=False)
+            lab.agent(source).post("/v1/registry/delete", {"reference": ref})
+        elif "checkpoint" in t:  # the image is the workload's only copy now: kept, to restore by hand
+            print(f"the restore of {name} failed; its checkpoint image is kept: {ref}", flush=True)
         lan.close()
     b = blackout(records, t["start"], time.time())
     state = kept(before, manage.read_state(lab, ip))

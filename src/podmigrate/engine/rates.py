@@ -19,10 +19,11 @@ from podmigrate.engine.schedule import GB, Factor, Rate
 
 # (fixed s, bytes per s, blackout fixed s, blackout bytes per s or None): 2-core VM, security on.
 # Lazy's time is until its last page moved: CRIU's lazy-pages tail, ~70 MB/s here (README, issue 15);
-# stop-copy/stream through the sealed page relay (issue 14: 64 MB 0.72 s, 1 GB 2.84 s of blackout)
+# stop-copy/stream through the sealed page relay with the local lazy restore (issue 14, 2026-12-04
+# night: 64 MB 1.4 s until the pages are in and verified, 0.64 s of blackout; 1 GB 5.1 s, 2.0 s)
 DEFAULTS: dict[str, tuple[float, float, float, float | None]] = {
     "lazy/stream": (1.5, 0.07 * GB, 0.45, None),
-    "stop-copy/stream": (0.95, 0.37 * GB, 0.58, 0.44 * GB),
+    "stop-copy/stream": (1.0, 0.25 * GB, 0.5, 0.7 * GB),
     "stop-copy/archive": (2.0, 0.12 * GB, 0.6, 0.12 * GB),
     "stop-copy/registry": (2.5, 0.1 * GB, 0.8, 0.1 * GB),
     "cold/none": (1.5, 100 * GB, 0.5, None),  # the fallback: a fresh start, whatever the memory
