@@ -257,16 +257,16 @@ class NodeAgent:
             b["image_pulled"] = self.rt.ensure_image(b["image"])
         cid = p["cid"]
         pages = self.files.pages(cid)
-        # auto-dedup: CRIU punches each page out of the images once it is restored, so the page cache
-        # the images fill is freed while the heap fills up and its (already touched) memory is reused,
-        # instead of a second heap's worth of fresh memory (seconds per GB on a VM). Only here, on the
-        # target: the source's own copy, which a rollback restores from, is never punched.
         self.memory.release(cid)  # if nothing released it yet
         if b.get("lazy_local") and pages.is_dir():
             try:
                 return self.lazy.restore_from_pages(cid, b)
             except LazyPagesUnavailable as e:  # nothing restored yet: read the pages first instead
                 print(f"restore of {cid}: {e}; restoring with the pages read first", file=sys.stderr, flush=True)
+        # auto-dedup: CRIU punches each page out of the images once it is restored, so the page cache
+        # the images fill is freed while the heap fills up and its (already touched) memory is reused,
+        # instead of a second heap's worth of fresh memory (seconds per GB on a VM). Only here, on the
+        # target: the source's own copy, which a rollback restores from, is never punched.
         criu: tuple[str, ...] = ("auto-dedup",)
         with self.files.busy(cid):
             if pages.is_dir():

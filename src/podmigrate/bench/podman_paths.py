@@ -16,6 +16,7 @@ from typing import Any, cast
 from podmigrate import layout
 from podmigrate.engine import breakdown
 from podmigrate.engine.blackout import blackout
+from podmigrate.engine.phases import traffic
 from podmigrate.engine.record import Record
 from podmigrate.errors import PodmigrateError
 from podmigrate.lab.cluster import Lab
@@ -26,9 +27,8 @@ def kept(before: dict[str, Any] | None, after: dict[str, Any] | None) -> tuple[s
     """The state check every migration makes: same heap, same process, the counter not backwards."""
     if not before or not after:
         return "unknown", False
-    same = before.get("sha256") == after.get("sha256")
-    ok = same and after.get("started") == before.get("started") and after["counter"] >= before["counter"]
-    return ("kept" if ok else "lost"), same
+    checks = traffic.state_checks(before, after)
+    return ("kept" if all(checks.values()) else "lost"), checks["sha256_equal"]
 
 
 def _answered(lan: Any, probe: str, since: float, seconds: float = 120.0) -> None:

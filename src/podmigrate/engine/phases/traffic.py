@@ -90,12 +90,8 @@ def verify(ctx: Ctx) -> None:
         if after is None:
             raise PodmigrateError(f"{rec['container']} answers but /state fails on {rec['target']}")
         rec["state_after"] = after
-        same_process = after.get("started") == before.get("started")
-        checks = {
-            "sha256_equal": after.get("sha256") == before.get("sha256"),
-            "counter_not_backwards": after.get("counter", -1) >= before.get("counter", 0),
-            "same_process_start": same_process,
-        }
+        checks = state_checks(before, after)
+        same_process = checks["same_process_start"]
         rec["checks"] = checks
         if rec["mode"] == "cold":
             # by design: a fresh process from the image; the heap is regenerated from the same seed,
@@ -201,3 +197,12 @@ def best_effort(rec: Record, steps: tuple[tuple[str, Callable[[], object]], ...]
             warnings.append(f"{what}: {e.message}")
     if warnings:
         rec["cleanup_warnings"] = warnings
+
+
+def state_checks(before: dict[str, Any], after: dict[str, Any]) -> dict[str, bool]:
+    """What says a copy kept the workload's state: the same heap, the same process, the counter not back."""
+    return {
+        "sha256_equal": after.get("sha256") == before.get("sha256"),
+        "counter_not_backwards": after.get("counter", -1) >= before.get("counter", 0),
+        "same_process_start": after.get("started") == before.get("started"),
+    }
