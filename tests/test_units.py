@@ -437,3 +437,32 @@ def test_the_pages_phase_waits_out_a_target_agent_that_is_briefly_unreachable(mo
     monkeypatch.setattr(lazy, "AGENT_PATIENCE_S", -1.0)  # gone for good: the phase fails, and rolls back
     with pytest.raises(AgentError):
         lazy.local_pages(_pages_ctx(Flaky([])))
+
+
+def test_the_engine_bench_says_what_the_guest_memory_warm_up_changed() -> None:
+    from podmigrate.bench import memory
+
+    def row(method: str, heap: int, blackout: float | None, warmup: bool) -> dict[str, Any]:
+        return {"method": method, "heap_mb": heap, "blackout_s": blackout, "warmup": warmup}
+
+    rows = [
+        row(memory.BEFORE, 1024, 6.0, True),
+        row(memory.BEFORE, 1024, 4.0, True),
+        row("warm-up stop-copy/stream", 64, 0.9, True),  # another heap: not compared
+        row("warm-up stop-copy/stream", 1024, 2.5, True),
+        row("warm-up stop-copy/stream", 1024, 2.5, True),
+        *(row("stop-copy/stream", 1024, b, False) for b in (2.0, 2.2, 2.1)),
+        row("lazy (post-copy)", 1024, 0.5, False),
+    ]
+    e = memory.effect(rows, 1024)
+    assert e == {
+        "heap_mb": 1024,
+        "before_s": [6.0, 4.0],
+        "after_s": [2.5, 2.5],
+        "before_over_after": 2.0,
+        "median_after_s": 2.1,
+    }
+    text = memory.describe(e)
+    assert "6.0, 4.0 s before it" in text and "2.5, 2.5 s after it" in text and "before/after 2.0" in text
+    # without the pair before warming (the warm-up was off), nothing is claimed
+    assert memory.effect([r for r in rows if r["method"] != memory.BEFORE], 1024) is None

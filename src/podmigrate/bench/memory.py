@@ -39,3 +39,45 @@ def warm(gib: float | None = None, keep_free_gib: float = 4.0) -> dict[str, Any]
         for m in chunks:
             m.close()
     return {"gib": touched, "seconds": round(time.monotonic() - t0, 2)}
+
+
+def effect(rows: list[dict[str, Any]], heap: int) -> dict[str, Any] | None:
+    """What warming changed in this run: the first two migrations of a fresh ``heap`` MB workload
+    before the guest memory was touched (rows marked ``before guest-memory warm-up``) beside the
+    first two after it (the benchmark's own warm-up pair at that heap), and the measured median."""
+
+    def blackouts(prefix: str) -> list[float]:
+        return [
+            r["blackout_s"]
+            for r in rows
+            if r["heap_mb"] == heap and r["method"].startswith(prefix) and r["blackout_s"] is not None
+        ]
+
+    before, after = blackouts(BEFORE), blackouts("warm-up ")
+    if not before or not after:
+        return None
+    measured = sorted(
+        r["blackout_s"]
+        for r in rows
+        if r["heap_mb"] == heap and r["method"] == "stop-copy/stream" and not r["warmup"] and r["blackout_s"]
+    )
+    b, a = sum(before) / len(before), sum(after) / len(after)
+    return {
+        "heap_mb": heap,
+        "before_s": before,
+        "after_s": after,
+        "before_over_after": round(b / a, 3) if a else None,
+        "median_after_s": measured[len(measured) // 2] if measured else None,
+    }
+
+
+def describe(e: dict[str, Any]) -> str:
+    median = f"; stop-copy/stream's measured median {e['median_after_s']} s" if e["median_after_s"] else ""
+    return (
+        f"guest memory warm-up's effect at {e['heap_mb']} MB: the first two stop-copy/stream blackouts "
+        f"{', '.join(map(str, e['before_s']))} s before it, {', '.join(map(str, e['after_s']))} s after it "
+        f"(before/after {e['before_over_after']}){median}"
+    )
+
+
+BEFORE = "before guest-memory warm-up stop-copy/stream"
