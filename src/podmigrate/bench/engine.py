@@ -154,17 +154,25 @@ def run(
 def _fresh_pair(lab: Lab, heap: int, rows: list[dict[str, Any]], report: Report) -> None:
     """A fresh ``heap`` MB workload moved there and back before the guest memory is warmed; marked
     as warm-ups, so that no median includes them."""
+    report(f"{heap} MB: two migrations before the guest memory warm-up, to say what it changes")
+    try:
+        _start_and_pair(lab, heap, "10.89.1.199", memory.BEFORE, rows, report)
+    finally:
+        with contextlib.suppress(UsageError):  # a start that failed left nothing to stop
+            manage.stop(lab, f"bench{heap}")
+
+
+def _start_and_pair(lab: Lab, heap: int, ip: str, label: str, rows: list[dict[str, Any]], report: Report) -> str:
+    """A fresh ``heap`` MB workload on node-a, moved to node-b and back by stop-copy/stream; the two
+    rows are warm-ups under ``label``. Returns the workload's name."""
     name = f"bench{heap}"
     with contextlib.suppress(UsageError):
         manage.stop(lab, name)
-    report(f"{heap} MB: two migrations before the guest memory warm-up, to say what it changes")
-    manage.start(lab, name, "node-a", heap, ip="10.89.1.199", report=report)
-    try:
-        for target in ("node-b", "node-a"):
-            rec = migrate(lab, Plan(workload=name, target=target, transport="stream"))
-            rows.append(_row(memory.BEFORE, heap, rec, warmup=True))
-    finally:
-        manage.stop(lab, name)
+    manage.start(lab, name, "node-a", heap, ip=ip, report=report)
+    for target in ("node-b", "node-a"):
+        rec = migrate(lab, Plan(workload=name, target=target, transport="stream"))
+        rows.append(_row(label, heap, rec, warmup=True))
+    return name
 
 
 def _heap_runs(
@@ -179,16 +187,10 @@ def _heap_runs(
     report: Report,
 ) -> None:
     """Every chosen method ``runs`` times at one heap size, each run in every variant; rows appended."""
-    name = f"bench{heap}"
     other = {"node-a": "node-b", "node-b": "node-a"}
-    with contextlib.suppress(UsageError):
-        manage.stop(lab, name)
     report(f"{heap} MB: starting the workload and warming up both nodes")
     # a static address: podman's create-image path keeps only those (the engine keeps any)
-    manage.start(lab, name, "node-a", heap, ip=f"10.89.1.{200 + index}", report=report)
-    for target in ("node-b", "node-a"):
-        warm = migrate(lab, Plan(workload=name, target=target, transport="stream"))
-        rows.append(_row("warm-up stop-copy/stream", heap, warm, warmup=True))
+    name = _start_and_pair(lab, heap, f"10.89.1.{200 + index}", "warm-up stop-copy/stream", rows, report)
     for label, mode, transport, compression in chosen:
         for i in range(runs):
             # the variants alternate within each run (and their order flips every run), so that

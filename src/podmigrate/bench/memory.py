@@ -10,11 +10,14 @@ with migration. Touching most of free memory once, before measuring, makes every
 from __future__ import annotations
 
 import mmap
+import statistics
 import time
 from typing import Any
 
 GIB = 1 << 30
 PAGE = mmap.PAGESIZE
+# the label of the benchmark's migrations before the warm-up (``effect`` finds them by it)
+BEFORE = "before guest-memory warm-up stop-copy/stream"
 
 
 def available_gib() -> float:
@@ -56,18 +59,21 @@ def effect(rows: list[dict[str, Any]], heap: int) -> dict[str, Any] | None:
     before, after = blackouts(BEFORE), blackouts("warm-up ")
     if not before or not after:
         return None
-    measured = sorted(
+    measured = [
         r["blackout_s"]
         for r in rows
-        if r["heap_mb"] == heap and r["method"] == "stop-copy/stream" and not r["warmup"] and r["blackout_s"]
-    )
+        if r["heap_mb"] == heap
+        and r["method"] == "stop-copy/stream"
+        and not r["warmup"]
+        and r["blackout_s"] is not None
+    ]
     b, a = sum(before) / len(before), sum(after) / len(after)
     return {
         "heap_mb": heap,
         "before_s": before,
         "after_s": after,
         "before_over_after": round(b / a, 3) if a else None,
-        "median_after_s": measured[len(measured) // 2] if measured else None,
+        "median_after_s": statistics.median(measured) if measured else None,
     }
 
 
@@ -78,6 +84,3 @@ def describe(e: dict[str, Any]) -> str:
         f"{', '.join(map(str, e['before_s']))} s before it, {', '.join(map(str, e['after_s']))} s after it "
         f"(before/after {e['before_over_after']}){median}"
     )
-
-
-BEFORE = "before guest-memory warm-up stop-copy/stream"
