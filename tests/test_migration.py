@@ -329,6 +329,11 @@ def test_each_mode_and_transport_goes_there_and_back_with_the_heap_intact(lab, w
             # the 32 MB heap crossed the LAN on demand, counted on the source's LAN link
             assert 32 << 20 <= rec["bytes"]["pages"] < 64 << 20 and rec["bytes_moved"] >= rec["bytes"]["pages"]
             assert rec["bytes"]["archive"] < 8 << 20  # no memory pages in what was sent up front
+            # beside it, the small mappings' pages, read from the frozen source (agent.node_prefetch),
+            # made present before CRIU restored the tasks; the heap was not among them
+            pre = rec["lazy"]["prefetch"]
+            assert pre["source"] == "sent" and pre["outcome"] in ("used", "missed"), pre
+            assert 0 < pre["bytes"] < 32 << 20 and pre["mappings"] > 0
         if mode == "decoupled":
             # make-before-break: the copy was up before the switch, so at the cutover at most a probe
             # caught mid-handshake at the very instant of the switch fails (its ACK reaches the copy)

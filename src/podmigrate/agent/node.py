@@ -17,11 +17,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podmigrate import layout, names
-from podmigrate.agent import tls
+from podmigrate.agent import node_prefetch, tls
 from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App, safe_id
 from podmigrate.agent.memory import Reservations
 from podmigrate.agent.node_lazy import LazyPages
+from podmigrate.agent.node_prefetch import Prefetches
 from podmigrate.agent.notice import SpotNotice
 from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
 from podmigrate.runtime.lazy import LazyPagesUnavailable
@@ -55,13 +56,14 @@ class NodeAgent:
         self.files = CheckpointDir(checkpoints)
         self.memory = Reservations()
         self.notice = SpotNotice(notice)
-        self.lazy = LazyPages(app.name, rt, self.files, self.memory, self.criu_tls)
         self.registry = RegistryTransport()
         # the engine's stream and archive transports both arrive at /send: on this side they differ
         # only in whether the export still holds the memory pages (no page server took them)
         client = identity.client()
         self.stream = StreamTransport(client, layout.AGENT_PORT)
         self.archive = ArchiveTransport(client, layout.AGENT_PORT)
+        self.prefetches = Prefetches(self.files, self.stream)
+        self.lazy = LazyPages(app.name, rt, self.files, self.memory, self.criu_tls, self.prefetches)
         self.keys: dict[str, str] = {}  # checkpoint id -> its migration's seal key (memory only)
 
     def criu_tls(self, *, server: bool) -> tuple[str, ...]:
@@ -371,7 +373,10 @@ class NodeAgent:
 
     def commit(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         with self.files.busy(p["cid"]):
-            return stream.commit(self.files.archive(p["cid"]), b["sha256"])
+            done = stream.commit(self.files.archive(p["cid"]), b["sha256"])
+            if p["cid"].endswith(node_prefetch.SUFFIX):
+                self.prefetches.unpack(p["cid"])
+            return done
 
 
 def _seal(cid: str, b: dict[str, Any]) -> stream.Seal | None:

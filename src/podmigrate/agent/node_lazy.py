@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podmigrate import layout, names
+from podmigrate.agent import node_prefetch
 from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App
 from podmigrate.agent.memory import Reservations
+from podmigrate.agent.node_prefetch import Prefetches
 from podmigrate.runtime.uffd import FaultWaker
 from podmigrate.transport import pagerelay, seal
+from podmigrate.transport.stream import Seal
 
 if TYPE_CHECKING:
     from podmigrate.agent.node import NodeRuntime
@@ -39,9 +42,12 @@ class LazyPages:
         files: CheckpointDir,
         memory: Reservations,
         criu_tls: Callable[..., tuple[str, ...]] = lambda server: (),
+        prefetches: Prefetches | None = None,
     ):
-        """``criu_tls(server=...)``: CRIU's TLS options for a listening or a connecting end."""
+        """``criu_tls(server=...)``: CRIU's TLS options for a listening or a connecting end;
+        ``prefetches``: the node's prefetch sender and receiver (``agent.node_prefetch``)."""
         self.name, self.rt, self.files, self.memory, self.criu_tls = name, rt, files, memory, criu_tls
+        self.prefetches = prefetches
         self.jobs: dict[str, subprocess.Popen[Any]] = {}
         self.lazy_ports: dict[str, int] = {}
         self.wakers: dict[str, FaultWaker] = {}
@@ -57,6 +63,8 @@ class LazyPages:
     def stop(self, cid: str) -> None:
         """What a deleted checkpoint leaves running here; the source's lazy dump is never killed:
         abort-lazy ends it safely."""
+        if self.prefetches is not None:
+            self.prefetches.stop(cid)
         for role in ("ps", "dst"):
             job = self.jobs.pop(f"{role}-{cid}", None)
             if job is not None and job.poll() is None:
@@ -139,6 +147,13 @@ class LazyPages:
                 tls=self.criu_tls(server=True),
             )
         self.lazy_ports[cid] = port
+        images, pid = times.pop("images", None), times.pop("pid", None)
+        pre = b.get("prefetch") or {}
+        prefetching = bool(self.prefetches and pre.get("mb") and pre.get("seal") and images and pid)
+        if prefetching and self.prefetches is not None and images and pid:
+            budget = max(0, min(int(pre["mb"]), 1024)) << 20
+            sealed = Seal(seal.check_key(pre["seal"]), cid)
+            self.prefetches.start(cid, Path(images), int(pid), budget, layout.node_ip(pre["node"]), sealed)
         return {
             "address": layout.node_ip(self.name),
             "port": port,
@@ -147,12 +162,15 @@ class LazyPages:
             "ended": time.time(),
             "archive_bytes": self.files.archive(cid).stat().st_size,
             "stats": {},
+            "prefetch": prefetching,
         }
 
     def restore_lazy(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         cid = p["cid"]
         if b.get("image"):
             self.rt.ensure_image(b["image"])
+        # how long the restore may wait for a prefetch the source is sending (agent.node_prefetch)
+        wait = max(0.0, min(float(b.get("prefetch_wait_s") or 0), 10.0))
         with self.files.busy(cid):
             res, daemon, waker = self.rt.lazy_restore(
                 self.files.archive(cid),
@@ -163,11 +181,13 @@ class LazyPages:
                 tcp_established=b.get("tcp_established", True),
                 wake_faults=b.get("wake_faults", True),
                 tls=self.criu_tls(server=False),
+                action_script=node_prefetch.script(self.files.pages(cid), wait) if wait else None,
             )
         self.jobs[f"dst-{cid}"] = daemon
         if waker:
             self.wakers[cid] = waker
-        return {**res, "wake_faults": waker is not None}
+        used = node_prefetch.outcome(self.files.pages(cid)) if wait else None
+        return {**res, "wake_faults": waker is not None, "prefetch": used}
 
     def restore_from_pages(self, cid: str, b: dict[str, Any]) -> Any:
         """A streamed dump's restore that leaves its memory in the images the page server wrote: a
@@ -196,6 +216,9 @@ class LazyPages:
                 out[role] = {"running": job.poll() is None, "rc": job.returncode}
         if p["cid"] in self.wakers:
             out["waker"] = self.wakers[p["cid"]].status()
+        pre = self.prefetches.status(p["cid"]) if self.prefetches else None
+        if pre is not None:
+            out["prefetch"] = pre
         # bytes this node sent on its LAN link: across a post-copy, the pages its dump served
         # (/proc/net/dev, not /sys/class/net: sysfs shows the netns of whoever mounted it)
         with contextlib.suppress(OSError, ValueError, IndexError):

@@ -19,6 +19,9 @@ CHANGES = {
     "inside the freeze) instead of the agents' sealed relay (transport.pagerelay)",
     "eager-restore": "a streamed dump's restore reads the whole memory out of the images before the copy runs, "
     "instead of a local lazy-pages daemon copying it in while the copy already serves",
+    "lazy-prefetch": "a lazy dump leaves every lazy-able page to be fetched on its first touch, instead of "
+    "the smallest mappings' pages, read from the frozen source, arriving beside the restore and made "
+    "present before CRIU restores the tasks (agent.node_prefetch)",
     "restored-check-before-cutover": "the restored copy's state and addresses are checked after its first "
     "answer, not between the restore and the route switch",
 }

@@ -147,6 +147,7 @@ class Runtime(Protocol):
         tcp_established: bool = True,
         wake_faults: bool = True,
         tls: tuple[str, ...] = (),
+        action_script: str | None = None,
     ) -> tuple[
         dict[str, Any], subprocess.Popen[bytes], FaultWaker | None
-    ]: ...  # restore, pages on fault (from ``images`` without an address)
+    ]: ...  # restore, pages on fault (from ``images`` without an address); CRIU runs ``action_script``

@@ -20,6 +20,7 @@ from podmigrate.errors import RuntimeBackendError
 from podmigrate.runtime import freezer
 from podmigrate.runtime.criu_conf import CRIU_CONF, criu_log_tail, criu_spans, file_tail
 from podmigrate.runtime.podman_cli import PodmanCLI
+from podmigrate.runtime.prefetch import read_pagemap
 from podmigrate.runtime.uffd import FaultWaker
 
 
@@ -43,7 +44,9 @@ class PodmanLazy(PodmanCLI):
 
         Podman only exports its archive at the very end, so the few MB the target needs now
         (config.dump, spec.dump, the CRIU images without pages, the root file system's changes) are
-        packed into ``archive`` here from the container's own directory, the way podman would."""
+        packed into ``archive`` here from the container's own directory, the way podman would. The
+        times name the dump's images and the container's process, which a prefetch reads
+        (``agent.node_prefetch``) while CRIU keeps the tasks frozen."""
         fields = self._run("inspect", "-f", "{{.StaticDir}}|{{.GraphDriver.Data.UpperDir}}|{{.State.Pid}}", "--", name)
         static_dir, upper_dir, pid = fields.stdout.strip().split("|")
         static, upper = Path(static_dir), Path(upper_dir)
@@ -120,6 +123,7 @@ class PodmanLazy(PodmanCLI):
             raise RuntimeBackendError(f"packing the lazy checkpoint of {name} failed: {p.stderr.strip()}")
         os.chmod(archive, 0o600)
         times["packed_at"] = time.time()
+        times["images"], times["pid"] = str(static / "checkpoint"), int(pid) if pid.isdigit() else None
         opened = times.get("opened_at")
         if opened:  # the blackout breakdown's spans (engine.breakdown) on this node's clock
             times["timeline"] = [
@@ -191,23 +195,33 @@ class PodmanLazy(PodmanCLI):
         tcp_established: bool = True,
         wake_faults: bool = True,
         tls: tuple[str, ...] = (),
+        action_script: str | None = None,
     ) -> tuple[dict[str, Any], subprocess.Popen[bytes], FaultWaker | None]:
         """Restore with the memory left behind: a ``criu lazy-pages`` daemon fetches pages from the
         source at ``address:port`` as the process touches them (userfaultfd), and the rest in the
         background. Without an address the pages are here already, in ``images`` (a streamed dump's
         page server wrote them, each marked lazy-able by CRIU): the daemon copies them in from there,
         so the restore does not read the whole memory before the process runs. ``wake_faults``
-        re-raises the faults the daemon drops (see ``runtime.uffd``)."""
+        re-raises the faults the daemon drops (see ``runtime.uffd``). ``action_script``: a script
+        CRIU runs at each step of the restore (``agent.node_prefetch``)."""
         started = time.time()
         images.mkdir(mode=0o700, exist_ok=True)
         work.mkdir(mode=0o700, exist_ok=True)
+        # from the source, the daemon reads the pagemaps and never the pages (the pages a prefetch
+        # made present are CRIU's restore's, read from podman's own copy): they stay packed
+        skip = ["--exclude=checkpoint/pages-*.img"] if address else []
         p = subprocess.run(
-            ["tar", "-C", str(images), "-xf", str(archive), "--strip-components=1", "checkpoint"],
+            ["tar", "-C", str(images), "-xf", str(archive), *skip, "--strip-components=1", "checkpoint"],
             capture_output=True,
             text=True,
         )
         if p.returncode:
             raise RuntimeBackendError(f"unpacking the lazy checkpoint failed: {p.stderr.strip()}")
+        try:
+            for pagemap in images.glob("pagemap-*.img") if skip else ():  # CRIU opens their pages files all the same
+                (images / f"pages-{read_pagemap(pagemap)[1]}.img").touch(0o600)
+        except (OSError, ValueError, IndexError, KeyError):  # an image this reader does not know: unpack them
+            subprocess.run(["tar", "-C", str(images), "-xf", str(archive), "--strip-components=1", "checkpoint"])
         daemon = subprocess.Popen(
             [
                 "criu",
@@ -237,6 +251,11 @@ class PodmanLazy(PodmanCLI):
                 )
             time.sleep(0.005)
         waker = FaultWaker(daemon).start() if wake_faults else None
+        hook: tuple[str, ...] = ()
+        if action_script:
+            (work / "action.sh").write_text(action_script)
+            (work / "action.sh").chmod(0o700)
+            hook = (f"action-script={work / 'action.sh'}",)
         # no --print-stats: with a work-dir override podman fails after CRIU restored the process
         args = ["container", "restore", "--import", str(archive)]
         if tcp_established:
@@ -245,7 +264,9 @@ class PodmanLazy(PodmanCLI):
         try:
             with (
                 # local pages: the archive holds none, CRIU reads the images where they are
-                self.criu_options("lazy-pages", f"work-dir={work}", *(() if address else (f"images-dir={images}",))),
+                self.criu_options(
+                    "lazy-pages", f"work-dir={work}", *(() if address else (f"images-dir={images}",)), *hook
+                ),
                 freezer.freeze_when_opened(CRIU_CONF, None) as noted,
             ):
                 self._run(*args, what="lazy restore")

@@ -8,27 +8,38 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 from podmigrate.engine import breakdown, paths
-from podmigrate.engine.phases.container import checkpoint_id
+from podmigrate.engine.phases.container import checkpoint_id, expect_seal
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.errors import AgentError, PodmigrateError
 
+# the smallest mappings' pages that go beside a lazy dump (agent.node_prefetch): the workload's ~16 MB
+# of interpreter state and arenas fit, a heap of 64 MB or more stays lazy; the restore waits for them
+# at most PREFETCH_WAIT_S, then goes on fully lazy
+PREFETCH_MB = int(os.environ.get("PODMIGRATE_LAZY_PREFETCH_MB", "32"))
+PREFETCH_WAIT_S = 0.5
 AGENT_PATIENCE_S = 30.0  # how long the pages phase waits for an unreachable target agent
 _pause = time.sleep  # the pages phase's polling pause (tests make it instant)
 
 
 def lazy_checkpoint(ctx: Ctx) -> None:
     rec = ctx.rec
-    res = ctx.agent(rec["source"] or "").post(
-        f"/v1/containers/{rec['container']}/checkpoint-lazy",
-        {"checkpoint_id": rec["id"], "tcp_established": rec["plan"]["tcp_established"]},
-    )
+    body: dict[str, Any] = {"checkpoint_id": rec["id"], "tcp_established": rec["plan"]["tcp_established"]}
+    # sealed only: the target drops a deleted checkpoint's key, so a prefetch landing after a
+    # rollback is refused there instead of left behind
+    if PREFETCH_MB > 0 and ctx.seal() and not paths.old("lazy-prefetch"):
+        sealed = expect_seal(ctx)  # before the source's upload can reach the target
+        body["prefetch"] = {"mb": PREFETCH_MB, "node": rec["target"], **sealed}
+    res = ctx.agent(rec["source"] or "").post(f"/v1/containers/{rec['container']}/checkpoint-lazy", body)
     rec["freeze_started"] = res["started"]
     rec["checkpoint_at"] = res["ended"]
     # podman started, CRIU serving pages (the tasks frozen and dumped but for their memory), the
     # target's part packed
     rec["lazy"] = {"address": res["address"], "port": res["port"], "times": res.get("times", {})}
+    if res.get("prefetch"):
+        rec["lazy"]["prefetch"] = {"state": "sending"}
     rec.setdefault("criu", {})["dump"] = res["stats"]
     rec.setdefault("bytes", {})["archive"] = res["archive_bytes"]
     breakdown.note(rec, "source", res.get("times", {}).get("timeline"))
@@ -64,11 +75,14 @@ def lazy_restore(ctx: Ctx) -> None:
             **rec["lazy"],
             **({"image": rec["image"]} if paths.old("restore-image-check") else {}),
             "tcp_established": rec["plan"]["tcp_established"],
+            "prefetch_wait_s": PREFETCH_WAIT_S if rec["lazy"].get("prefetch") else 0,
             # off only to measure what the waker saves (runtime/uffd.py)
             "wake_faults": os.environ.get("PODMIGRATE_LAZY_WAKE", "1") != "0",
         },
     )
     rec["lazy"]["wake_faults"] = res.get("wake_faults", False)
+    if rec["lazy"].get("prefetch"):
+        rec["lazy"]["prefetch"].update(res.get("prefetch") or {"outcome": None})  # used, missed (too late)
     rec["criu"]["restore"] = res["stats"]
     rec["restored_at"] = res["ended"]
     breakdown.note(rec, "target", res.get("timeline"))
@@ -88,6 +102,9 @@ def lazy_pages(ctx: Ctx) -> None:
             lazy["source_rc"], lazy["daemon_rc"], lazy["all_pages_at"] = src.get("rc"), dst.get("rc"), time.time()
             if target.get("waker"):
                 lazy["waker"] = target["waker"]
+            if lazy.get("prefetch") and status.get("prefetch"):  # what the source read and sent
+                lazy["prefetch"].update({k: v for k, v in status["prefetch"].items() if k != "state"})
+                lazy["prefetch"]["source"] = status["prefetch"].get("state")
             before, after = lazy.get("lan_tx_before"), status.get("lan_tx_bytes")
             if before is not None and after is not None:
                 rec.setdefault("bytes", {})["pages"] = after - before

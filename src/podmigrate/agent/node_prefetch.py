@@ -1,0 +1,137 @@
+"""The node agent's side of a lazy dump's prefetch (``runtime.prefetch``): sent beside the restore.
+
+Source: once the lazy dump serves its pages (its tasks frozen until the last one has moved), a
+thread reads the smallest mappings' pages into rewritten copies of the dump's ``pagemap-N.img`` and
+``pages-N.img``, packs them as ``<id>.prefetch.tar`` and sends them sealed to the target, while the
+controller already sends the archive and the target's podman starts its restore: none of it is
+waited for inside the blackout. Only sealed migrations prefetch: the target forgets a checkpoint's
+key when it is deleted, so an upload that arrives after a rollback is refused, not left behind.
+
+Target: the committed upload is unpacked into ``<id>.pages/prefetch`` (renamed into place whole);
+CRIU's pre-restore action script (``script``), run before any task's memory is read, swaps the
+rewritten images into the restore's image directory if they are there by then, and else lets the
+restore go on fully lazy. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from podmigrate.agent.checkpoints import CheckpointDir
+from podmigrate.runtime import prefetch
+from podmigrate.transport.stream import Seal, StreamTransport
+
+SUFFIX = ".prefetch"  # the upload's id is <checkpoint id>.prefetch
+
+
+class Prefetches:
+    def __init__(self, files: CheckpointDir, stream: StreamTransport):
+        self.files, self.stream = files, stream
+        self.threads: dict[str, threading.Thread] = {}
+        self.results: dict[str, dict[str, Any]] = {}
+
+    # ------------------------------------------------------------------ source
+    def start(self, cid: str, images: Path, pid: int, budget: int, to: str, sealed: Seal) -> None:
+        self.results[cid] = {"state": "reading"}
+        t = threading.Thread(
+            target=self._run, args=(cid, images, pid, budget, to, sealed), name=f"prefetch-{cid}", daemon=True
+        )
+        self.threads[cid] = t
+        t.start()
+
+    def _run(self, cid: str, images: Path, pid: int, budget: int, to: str, sealed: Seal) -> None:
+        res = self.results[cid]
+        out = self.files.work(cid) / "prefetch"
+        tar = self.files.archive(cid + SUFFIX)
+        try:
+            shutil.rmtree(out, ignore_errors=True)
+            out.mkdir(mode=0o700, parents=True)
+            res.update(prefetch.pull_hot_pages(images, int(pid), budget, out=out))
+            res["read_at"] = time.time()
+            if not res["bytes"]:
+                res["state"] = "nothing to send"
+                return
+            p = subprocess.run(["tar", "-C", str(out), "-cf", str(tar), "."], capture_output=True, text=True)
+            if p.returncode:
+                raise OSError(f"packing the prefetch failed: {p.stderr.strip()}")
+            tar.chmod(0o600)
+            shutil.rmtree(out, ignore_errors=True)
+            with self.files.busy(cid + SUFFIX):
+                sent = self.stream.with_seal(sealed).send(tar, to)
+            res.update(state="sent", sent_bytes=sent["bytes"], sent_at=time.time())
+        except Exception as e:  # the restore goes on fully lazy; the reason is kept for the record
+            res.update(state="failed", error=f"{type(e).__name__}: {e}")
+        finally:
+            shutil.rmtree(out, ignore_errors=True)
+            tar.unlink(missing_ok=True)
+
+    def status(self, cid: str) -> dict[str, Any] | None:
+        return self.results.get(cid)
+
+    def stop(self, cid: str) -> None:
+        """Before checkpoint ``cid``'s files go: let its reader and sender finish (they end on
+        their own: a read of the frozen tasks, one upload with its timeout)."""
+        t = self.threads.pop(cid, None)
+        if t is not None:
+            t.join(timeout=150)
+        self.results.pop(cid, None)
+
+    # ------------------------------------------------------------------ target
+    def unpack(self, upload: str) -> None:
+        """A committed ``<id>.prefetch`` upload: its images into ``<id>.pages/prefetch``, whole or not at all."""
+        cid = upload.removesuffix(SUFFIX)
+        tar = self.files.archive(upload)
+        dest = self.files.pages(cid) / "prefetch"
+        part = dest.with_name("prefetch.part")
+        try:
+            part.mkdir(mode=0o700, parents=True, exist_ok=True)
+            p = subprocess.run(["tar", "-C", str(part), "-xf", str(tar)], capture_output=True, text=True)
+            if p.returncode == 0:
+                part.rename(dest)
+        finally:
+            shutil.rmtree(part, ignore_errors=True)
+            tar.unlink(missing_ok=True)
+
+
+def script(images: Path, wait_s: float) -> str:
+    """CRIU's action script for a restore that expects a prefetch in ``images/prefetch``.
+
+    CRIU runs it at every step; at pre-restore no task exists yet, so nothing has read a pagemap.
+    It waits up to ``wait_s`` for the prefetch, then hard-links (or copies) the rewritten images
+    over the ones podman unpacked (``CRTOOLS_IMAGE_DIR``: CRIU's open image directory) and the
+    pagemaps over the lazy-pages daemon's (it reads them once the tasks exist). A failed copy
+    fails the restore, which rolls back: a half-copied pages image must never be restored."""
+    tries = max(1, int(wait_s / 0.002))
+    return f"""#!/bin/sh
+[ "$CRTOOLS_SCRIPT_ACTION" = pre-restore ] || exit 0
+d='{images}'
+t0=$(date +%s.%N)
+n=0
+while [ ! -d "$d/prefetch" ]; do
+  if [ $n -ge {tries} ]; then echo "$t0 $(date +%s.%N)" > "$d/prefetch.missed"; exit 0; fi
+  sleep 0.002; n=$((n+1))
+done
+for f in "$d"/prefetch/pages-*.img "$d"/prefetch/pagemap-*.img; do
+  [ -e "$f" ] || continue
+  b=${{f##*/}}
+  ln -f "$f" "$CRTOOLS_IMAGE_DIR/$b" 2>/dev/null || cp -f "$f" "$CRTOOLS_IMAGE_DIR/$b" || exit 1
+  case $b in pagemap-*) ln -f "$f" "$d/$b" || cp -f "$f" "$d/$b" || exit 1;; esac
+done
+echo "$t0 $(date +%s.%N)" > "$d/prefetch.used"
+"""
+
+
+def outcome(images: Path) -> dict[str, Any] | None:
+    """What the pre-restore script did: ``used`` or ``missed`` (too late), and when it started
+    and ended (this node's clock); None if it did not run."""
+    for state in ("used", "missed"):
+        with contextlib.suppress(OSError, ValueError):
+            started, ended = (float(x) for x in (images / f"prefetch.{state}").read_text().split())
+            return {"outcome": state, "script_started": started, "script_s": round(ended - started, 4)}
+    return None
