@@ -21,7 +21,7 @@ from podmigrate.agent import node_prefetch, tls
 from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App, safe_id
 from podmigrate.agent.memory import Reservations
-from podmigrate.agent.node_lazy import LazyPages
+from podmigrate.agent.node_lazy import LazyPages, network_lock
 from podmigrate.agent.node_prefetch import Prefetches
 from podmigrate.agent.notice import SpotNotice
 from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
@@ -230,6 +230,7 @@ class NodeAgent:
     def checkpoint(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         a = self.files.archive(b["checkpoint_id"])
         criu, relay = self.lazy.dump_to_page_server(b["checkpoint_id"], b)
+        criu += network_lock(b)
         try:
             with self.files.busy(b["checkpoint_id"]):
                 res = self.rt.checkpoint(

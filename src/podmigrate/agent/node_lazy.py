@@ -145,6 +145,7 @@ class LazyPages:
                 port,
                 tcp_established=b.get("tcp_established", True),
                 tls=self.criu_tls(server=True),
+                criu=network_lock(b),
             )
         self.lazy_ports[cid] = port
         images, pid = times.pop("images", None), times.pop("pid", None)
@@ -263,6 +264,12 @@ class LazyPages:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(os.getpgid(pid), signal.SIGKILL)
         return {"aborted": True, "rc": None, "orphan": True}
+
+
+def network_lock(b: dict[str, Any]) -> tuple[str, ...]:
+    """CRIU's option for a dump whose controller asked for the old network lock (engine.paths
+    "iptables-network-lock"); the node's configuration says nftables."""
+    return ("network-lock=iptables",) if b.get("network_lock") == "iptables" else ()
 
 
 def orphaned_dump(cid: str) -> list[int]:

@@ -22,6 +22,9 @@ CHANGES = {
     "lazy-prefetch": "a lazy dump leaves every lazy-able page to be fetched on its first touch, instead of "
     "the smallest mappings' pages, read from the frozen source, arriving beside the restore and made "
     "present before CRIU restores the tasks (agent.node_prefetch)",
+    "iptables-network-lock": "CRIU locks the container's network during a dump with iptables-restore (and a "
+    "restore unlocks it with five more processes, inside the blackout) instead of nftables in CRIU's "
+    "own process (lab.image's CRIU configuration)",
     "restored-check-before-cutover": "the restored copy's state and addresses are checked after its first "
     "answer, not between the restore and the route switch",
 }

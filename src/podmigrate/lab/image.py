@@ -69,8 +69,11 @@ events_logger = "file"
 firewall_driver = "none"  # routing, no NAT: TCP 4-tuples survive a migration
 """
 # runc hands this file to CRIU after its own options, so it wins. It must say "manage-cgroups=ignore"
-# with "=": "manage-cgroups ignore" parses as --manage-cgroups plus a stray word.
-CRIU_RUNC_CONF = "manage-cgroups=ignore\nskip-in-flight\n"
+# with "=": "manage-cgroups ignore" parses as --manage-cgroups plus a stray word. network-lock=nftables:
+# CRIU locks and unlocks the container's network with libnftables in its own process; its default,
+# iptables, runs iptables-restore twice to lock and five processes to unlock, some 50 ms of every
+# restore's blackout here (engine.paths "iptables-network-lock"). A restore uses the dump's method.
+CRIU_RUNC_CONF = "manage-cgroups=ignore\nskip-in-flight\nnetwork-lock=nftables\n"
 REGISTRIES_CONF = f'[[registry]]\nlocation = "{layout.REGISTRY}"\ninsecure = true\n'
 
 

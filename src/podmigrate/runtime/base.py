@@ -135,6 +135,7 @@ class Runtime(Protocol):
         *,
         tcp_established: bool = True,
         tls: tuple[str, ...] = (),
+        criu: tuple[str, ...] = (),
     ) -> tuple[subprocess.Popen[str], dict[str, Any]]: ...  # dump all but memory, then serve the pages
     def lazy_restore(
         self,

@@ -38,6 +38,7 @@ class PodmanLazy(PodmanCLI):
         *,
         tcp_established: bool = True,
         tls: tuple[str, ...] = (),
+        criu: tuple[str, ...] = (),
     ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
         """Start a lazy-pages dump: CRIU dumps everything but the memory, then serves the pages from
         ``address:port`` until the target has them all (the returned process ends then).
@@ -68,7 +69,7 @@ class PodmanLazy(PodmanCLI):
             args.insert(3, "--tcp-established")
         times: dict[str, Any] = {"dump_started": time.time()}
         with (
-            self.criu_options("lazy-pages", f"address={address}", f"port={port}", *tls),
+            self.criu_options("lazy-pages", f"address={address}", f"port={port}", *tls, *criu),
             freezer.freeze_when_opened(CRIU_CONF, cgroup) as early,
         ):
             # its own process group: a dump that never serves is killed whole (podman, runc, CRIU), or it

@@ -31,6 +31,7 @@ def checkpoint(ctx: Ctx) -> None:
             "page_server": rec.get("page_server"),
             "leave_stopped": rec.get("leave_stopped", False),
             **(ctx.seal() if (rec.get("page_server") or {}).get("relay") else {}),
+            **({"network_lock": "iptables"} if paths.old("iptables-network-lock") else {}),
         },
     )
     rec["freeze_started"] = res["started"]

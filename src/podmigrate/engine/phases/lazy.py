@@ -27,6 +27,8 @@ _pause = time.sleep  # the pages phase's polling pause (tests make it instant)
 def lazy_checkpoint(ctx: Ctx) -> None:
     rec = ctx.rec
     body: dict[str, Any] = {"checkpoint_id": rec["id"], "tcp_established": rec["plan"]["tcp_established"]}
+    if paths.old("iptables-network-lock"):
+        body["network_lock"] = "iptables"
     # sealed only: the target drops a deleted checkpoint's key, so a prefetch landing after a
     # rollback is refused there instead of left behind
     if PREFETCH_MB > 0 and ctx.seal() and not paths.old("lazy-prefetch"):
