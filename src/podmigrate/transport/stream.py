@@ -108,19 +108,20 @@ def send(archive: Path, host: str, port: int, cid: str, tls: ssl.SSLContext, sea
         resp = conn.getresponse()
         body = json.loads(resp.read() or b"{}")
     except OSError as e:
+        conn.close()
         raise TransportError(
             f"streaming {archive.name} to {host}:{port} failed: {e}",
             hint="is the target agent up and the LAN link working?",
         ) from e
-    finally:
-        conn.close()
     if resp.status != 200:
+        conn.close()
         raise TransportError(
             f"the target agent refused the checkpoint stream ({resp.status}): "
             f"{body.get('error', {}).get('message', body)}"
         )
     sent = h.hexdigest()
-    conn = http.client.HTTPSConnection(host, port, timeout=60, context=tls)
+    # the commit on the same connection (no second TLS handshake inside a lazy blackout);
+    # http.client opens a new one if the agent closed this one
     try:
         payload = json.dumps({"sha256": sent}).encode()
         conn.request(
