@@ -84,3 +84,25 @@ def test_a_block_that_fails_thaws_the_cgroup_it_froze(tmp_path: Path, sleeper) -
         wait_for(lambda: frozen(cg), 10, "the cgroup to be frozen")
         raise RuntimeError("dump failed")
     wait_for(lambda: not frozen(cg), 10, "the cgroup to thaw after the failure")
+
+
+def test_a_freeze_that_criu_finished_and_thawed_before_the_watcher_saw_it_ends_the_wait(
+    tmp_path: Path, sleeper, monkeypatch
+) -> None:
+    """CRIU can see the freeze half done, seize the tasks and thaw the cgroup between two of the
+    watcher's looks: the watcher must stop waiting for "frozen 1" then (it once waited out its
+    1 s limit, and the dump's caller waited for it)."""
+    from podmigrate.runtime import freezer
+
+    _, cg = sleeper
+    watched = tmp_path / "runc.conf"
+    watched.write_text("")
+    monkeypatch.setattr(freezer, "frozen", lambda cgroup: False)  # the moment it was frozen is missed
+    with freeze_when_opened(watched, cg) as watcher:
+        assert watcher is not None
+        watched.read_text()
+        wait_for(lambda: "frozen_by_us_at" in watcher.times, 10, "the watcher to freeze the cgroup")
+        (cg / "cgroup.freeze").write_text("0")  # what CRIU does once it holds the tasks
+        wait_for(lambda: "thawed_by_criu_at" in watcher.times, 10, "the watcher to see the thaw")
+    assert "frozen_at" not in watcher.times
+    assert (cg / "cgroup.freeze").read_text().strip() == "0"  # and it did not freeze it again
