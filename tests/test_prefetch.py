@@ -209,7 +209,7 @@ def test_the_source_reads_packs_and_sends_the_prefetch_then_cleans_up(tmp_path: 
     dump = {p.name: p.read_bytes() for p in images.iterdir()}
     files, stream = CheckpointDir(tmp_path / "checkpoints"), _Stream()
     files.root.mkdir()
-    node = Prefetches(files, stream)  # type: ignore[arg-type]
+    node = Prefetches(files, stream, lambda cid: True)  # type: ignore[arg-type]
     node.start("m1", images, pid, 1 << 20, "10.77.0.12", Seal("00" * 32, "m1"))
     node.threads["m1"].join(30)
     res = node.status("m1")
@@ -225,11 +225,18 @@ def test_the_source_reads_packs_and_sends_the_prefetch_then_cleans_up(tmp_path: 
     target = CheckpointDir(tmp_path / "target")
     target.root.mkdir()
     target.archive("m1.prefetch").write_bytes(data)
-    Prefetches(target, stream).unpack("m1.prefetch")  # type: ignore[arg-type]
+    keys = {"m1"}  # the target's migration keys: a deleted checkpoint's key is gone
+    Prefetches(target, stream, keys.__contains__).unpack("m1.prefetch")  # type: ignore[arg-type]
     got = target.pages("m1") / "prefetch"
     assert (got / "pages-3.img").read_bytes() == present + heap
     assert prefetch.read_pagemap(got / f"pagemap-{pid}.img")[2][-1] == Entry(_address(buf), 8, PE_PRESENT)
     assert not target.archive("m1.prefetch").exists()
+    # an upload that commits after its checkpoint was deleted here is thrown away, not unpacked
+    keys.clear()
+    target.remove("m1")
+    target.archive("m1.prefetch").write_bytes(data)
+    Prefetches(target, stream, keys.__contains__).unpack("m1.prefetch")  # type: ignore[arg-type]
+    assert list(target.root.iterdir()) == []
     node.stop("m1")
     assert node.status("m1") is None
     buf.close()
@@ -238,7 +245,7 @@ def test_the_source_reads_packs_and_sends_the_prefetch_then_cleans_up(tmp_path: 
 def test_a_prefetch_that_fails_is_reported_and_leaves_nothing(tmp_path: Path) -> None:
     files, stream = CheckpointDir(tmp_path / "checkpoints"), _Stream()
     files.root.mkdir()
-    node = Prefetches(files, stream)  # type: ignore[arg-type]
+    node = Prefetches(files, stream, lambda cid: True)  # type: ignore[arg-type]
     images = tmp_path / "dump"
     images.mkdir()
     (images / f"pagemap-{os.getpid()}.img").write_bytes(MAGIC + b"\x03\x00\x00\x00\x0a\x01\x00")  # not CRIU's

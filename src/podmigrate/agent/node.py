@@ -62,9 +62,9 @@ class NodeAgent:
         client = identity.client()
         self.stream = StreamTransport(client, layout.AGENT_PORT)
         self.archive = ArchiveTransport(client, layout.AGENT_PORT)
-        self.prefetches = Prefetches(self.files, self.stream)
-        self.lazy = LazyPages(app.name, rt, self.files, self.memory, self.criu_tls, self.prefetches)
         self.keys: dict[str, str] = {}  # checkpoint id -> its migration's seal key (memory only)
+        self.prefetches = Prefetches(self.files, self.stream, lambda cid: safe_id(cid) in self.keys)
+        self.lazy = LazyPages(app.name, rt, self.files, self.memory, self.criu_tls, self.prefetches)
 
     def criu_tls(self, *, server: bool) -> tuple[str, ...]:
         return self.identity.criu(server=server) if tls.enabled(self.setting) else ()

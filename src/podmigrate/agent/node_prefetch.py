@@ -5,7 +5,8 @@ thread reads the smallest mappings' pages into rewritten copies of the dump's ``
 ``pages-N.img``, packs them as ``<id>.prefetch.tar`` and sends them sealed to the target, while the
 controller already sends the archive and the target's podman starts its restore: none of it is
 waited for inside the blackout. Only sealed migrations prefetch: the target forgets a checkpoint's
-key when it is deleted, so an upload that arrives after a rollback is refused, not left behind.
+key when it is deleted, so an upload that arrives after a rollback is refused, and one already
+arriving is thrown away when it commits: nothing is left behind.
 
 Target: the committed upload is unpacked into ``<id>.pages/prefetch`` (renamed into place whole);
 CRIU's pre-restore action script (``script``), run before any task's memory is read, swaps the
@@ -20,6 +21,7 @@ import shutil
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +33,11 @@ SUFFIX = ".prefetch"  # the upload's id is <checkpoint id>.prefetch
 
 
 class Prefetches:
-    def __init__(self, files: CheckpointDir, stream: StreamTransport):
-        self.files, self.stream = files, stream
+    """``expected(cid)``: whether checkpoint ``cid`` is still wanted here (its key not yet dropped
+    by a delete); an upload that commits after the delete is thrown away, not left behind."""
+
+    def __init__(self, files: CheckpointDir, stream: StreamTransport, expected: Callable[[str], bool]):
+        self.files, self.stream, self.expected = files, stream, expected
         self.threads: dict[str, threading.Thread] = {}
         self.results: dict[str, dict[str, Any]] = {}
 
@@ -90,10 +95,14 @@ class Prefetches:
         dest = self.files.pages(cid) / "prefetch"
         part = dest.with_name("prefetch.part")
         try:
+            if not self.expected(cid):
+                return
             part.mkdir(mode=0o700, parents=True, exist_ok=True)
             p = subprocess.run(["tar", "-C", str(part), "-xf", str(tar)], capture_output=True, text=True)
             if p.returncode == 0:
                 part.rename(dest)
+            if not self.expected(cid):  # deleted while it was unpacked: what it made goes too
+                shutil.rmtree(self.files.pages(cid), ignore_errors=True)
         finally:
             shutil.rmtree(part, ignore_errors=True)
             tar.unlink(missing_ok=True)
