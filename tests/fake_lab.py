@@ -261,7 +261,7 @@ class World:
         def resume(p: dict[str, str], b: dict[str, Any]) -> Any:
             c = container(p["n"])
             c.frozen = False
-            return {"woken": [1], "unlocked": "iptables:CRIU"}
+            return {"woken": [1], "unlocked": ["CRIU-0d8f2b1c"]}
 
         @app.route("POST", "/v1/containers/(?P<n>[^/]+)/restore")
         def restore_in_place(p: dict[str, str], b: dict[str, Any]) -> Any:
