@@ -146,3 +146,19 @@ def test_a_real_migrations_record_says_where_its_blackout_went(lab: Any, workloa
         assert {dump, "target: CRIU restore", "LAN: route switch"} <= set(split["steps"]), split
         assert sum(split["steps"].values()) + split["unaccounted_s"] == pytest.approx(split["window_s"], abs=0.005)
         assert split["unaccounted_s"] < 0.25 * split["window_s"], split  # the steps are measured, not guessed
+
+
+def test_the_benchmark_says_how_often_the_lazy_prefetch_was_in_time() -> None:
+    from podmigrate.bench.breakdown import prefetches
+
+    def row(outcome: str | None, warmup: bool = False) -> dict[str, Any]:
+        pre = {"outcome": outcome, "bytes": 16 << 20} if outcome else {}
+        return {"method": "lazy (post-copy)", "warmup": warmup, "prefetch": pre}
+
+    rows = [row("used"), row("used"), row("missed"), row(None), row("used", warmup=True)]
+    rows.append({"method": "cold restart", "warmup": False})
+    assert prefetches(rows) == (
+        "lazy prefetch: swapped in before the restore in 2 of 4 lazy runs (median 16.0 MB), "
+        "too late in 1, not sent in 1"
+    )
+    assert prefetches([{"method": "cold restart", "warmup": False}]) is None

@@ -71,6 +71,21 @@ def ratios(tab: list[dict[str, Any]], rows: list[dict[str, Any]], variant: str =
     return out
 
 
+def prefetches(rows: list[dict[str, Any]]) -> str | None:
+    """How often the lazy runs' small-mapping pages were there when the restore began (agent.node_prefetch)."""
+    lazy = [r for r in rows if r["method"].startswith("lazy") and not r.get("warmup")]
+    if not lazy:
+        return None
+    got = [r.get("prefetch") or {} for r in lazy]
+    used = [g for g in got if g.get("outcome") == "used"]
+    missed = sum(g.get("outcome") == "missed" for g in got)
+    mb = statistics.median(g.get("bytes", 0) for g in used) / 2**20 if used else 0.0
+    return (
+        f"lazy prefetch: swapped in before the restore in {len(used)} of {len(lazy)} lazy runs "
+        f"(median {mb:.1f} MB), too late in {missed}, not sent in {len(lazy) - len(used) - missed}"
+    )
+
+
 def markdown(tab: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> str:
     lines = ["", "Where the blackout goes (the run with the median blackout, seconds):", ""]
     for t in tab:

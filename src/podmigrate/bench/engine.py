@@ -66,8 +66,15 @@ def _row(label: str, heap: int, rec: Mapping[str, Any], warmup: bool = False) ->
         "id": rec.get("id"),
         "blackout_steps": rec.get("blackout_steps"),
         "cutover_failed_probes": ((rec.get("blackout") or {}).get("at_cutover") or {}).get("failed"),
+        "prefetch": {
+            k: v for k, v in ((rec.get("lazy") or {}).get("prefetch") or {}).items() if k in ("outcome", "bytes")
+        },
         "runtime_s": rec.get("runtime_s"),  # Podman's own paths: what runc and CRIU took inside them
     }
+
+
+def _prefetch(rec: Mapping[str, Any]) -> dict[str, Any]:
+    return dict((rec.get("lazy") or {}).get("prefetch") or {})
 
 
 def run(
@@ -121,6 +128,8 @@ def run(
     if warm_memory_gib != 0 and (warm_effect := memory.effect(rows, max(heaps))):
         warmed["effect"] = warm_effect
         report(memory.describe(warm_effect))
+    if prefetched := breakdown.prefetches(rows):
+        report(prefetched)
     cost = security_cost(tab) if len(security) > 1 else []
     changed = paired(tab, "new path", f"old path: {','.join(old_paths)}") if old_paths else []
     loaded = paired(tab, "load on", "load off") if len(load) > 1 else []
@@ -144,6 +153,7 @@ def run(
     }
     (out_dir / "bench.json").write_text(json.dumps(summary, indent=2))
     md = markdown(tab) + (f"\n{memory.describe(warmed['effect'])}.\n" if "effect" in warmed else "")
+    md += f"\n{prefetched}.\n" if prefetched else ""
     md += breakdown.markdown(tab, targets) + (security_markdown(cost) if cost else "")
     md += paired_markdown(changed, "new path", "old path") if changed else ""
     md += paired_markdown(loaded, "load on", "load off") if loaded else ""
