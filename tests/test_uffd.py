@@ -34,6 +34,9 @@ CHILD = textwrap.dedent(
     page.write(b"x" * 4096)
     src = ctypes.addressof(ctypes.c_char.from_buffer(page))
 
+    def say(line):  # one write(2) per line: two threads' print()s could interleave mid-line
+        os.write(1, (line + "\\n").encode())
+
     def handler():
         faults = 0
         while True:
@@ -42,18 +45,18 @@ CHILD = textwrap.dedent(
                 continue
             faults += 1
             if faults == 1:
-                print("dropped", flush=True)
+                say("dropped")
                 continue
             fault = struct.unpack_from("Q", msg, 16)[0] & ~4095
             fcntl.ioctl(uffd, 0xC028AA03, bytearray(struct.pack("QQQQq", fault, src, 4096, 0, 0)))  # COPY
-            print(f"served fault {faults}", flush=True)
+            say(f"served fault {faults}")
             return
 
     threading.Thread(target=handler, daemon=True).start()
     libc.memset(ctypes.c_void_p(addr + 100), 0x41, 1)
-    print("done", region[100:101].decode(), region[0:1].decode(), flush=True)
+    say(" ".join(("done", region[100:101].decode(), region[0:1].decode())))
     os.close(uffd)  # like CRIU once every page has moved; the process lives on
-    print("closed", flush=True)
+    say("closed")
     sys.stdin.read()
     """
 )
