@@ -150,11 +150,12 @@ class LazyPages:
         self.lazy_ports[cid] = port
         images, pid = times.pop("images", None), times.pop("pid", None)
         pre = b.get("prefetch") or {}
-        prefetching = bool(self.prefetches and pre.get("mb") and pre.get("seal") and images and pid)
-        if prefetching and self.prefetches is not None and images and pid:
+        prefetching = False
+        if self.prefetches is not None and pre.get("mb") and pre.get("seal") and images and pid:
             budget = max(0, min(int(pre["mb"]), 1024)) << 20
             sealed = Seal(seal.check_key(pre["seal"]), cid)
             self.prefetches.start(cid, Path(images), int(pid), budget, layout.node_ip(pre["node"]), sealed)
+            prefetching = True
         return {
             "address": layout.node_ip(self.name),
             "port": port,

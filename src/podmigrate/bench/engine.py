@@ -73,10 +73,6 @@ def _row(label: str, heap: int, rec: Mapping[str, Any], warmup: bool = False) ->
     }
 
 
-def _prefetch(rec: Mapping[str, Any]) -> dict[str, Any]:
-    return dict((rec.get("lazy") or {}).get("prefetch") or {})
-
-
 def run(
     lab: Lab,
     heaps: list[int],

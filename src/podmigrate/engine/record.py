@@ -113,14 +113,16 @@ class CheckpointImage(TypedDict):
 class Lazy(TypedDict, total=False):
     address: str  # the source's lazy-pages server
     port: int
-    times: dict[str, Any]  # podman started, frozen by us, CRIU serving pages, its prefetch, target's part packed
+    times: dict[str, Any]  # podman started, frozen by us, CRIU serving pages, target's part packed; timeline
     lan_tx_before: int | None  # the source's LAN transmit counter when the copy started
     wake_faults: bool  # the target ran the fault waker (runtime/uffd.py)
     source_rc: int | None
     daemon_rc: int | None
     all_pages_at: float
     waker: dict[str, Any]
-    prefetch: dict[str, Any]  # the small mappings' pages sent with the dump: bytes, mappings, seconds (or error)
+    # the small mappings' pages sent beside the dump: the source's state (sent, failed + error, ...),
+    # bytes, mappings, read seconds; the restore's outcome (used, missed) and its script's start and seconds
+    prefetch: dict[str, Any]
 
 
 class Cutover(TypedDict, total=False):

@@ -41,7 +41,7 @@ def lazy_checkpoint(ctx: Ctx) -> None:
     # target's part packed
     rec["lazy"] = {"address": res["address"], "port": res["port"], "times": res.get("times", {})}
     if res.get("prefetch"):
-        rec["lazy"]["prefetch"] = {"state": "sending"}
+        rec["lazy"]["prefetch"] = {"source": "sending"}  # the pages phase puts the source's last word here
     rec.setdefault("criu", {})["dump"] = res["stats"]
     rec.setdefault("bytes", {})["archive"] = res["archive_bytes"]
     breakdown.note(rec, "source", res.get("times", {}).get("timeline"))
