@@ -141,6 +141,27 @@ def test_a_target_agent_killed_before_restore_rolls_back_once_it_is_back(lab, wo
         wait_for(lambda: (lab.dir / "agents" / "node-b.sock").exists(), 30, "node-b agent back")
 
 
+def test_a_lazy_dump_that_fails_cancels_the_restore_waiting_for_it_on_the_target(lab, workload):
+    """The target's podman had done its part of the restore before the freeze (runtime.speculative)
+    and waited at runc's gate: the failed dump's rollback makes it give up, and removes what it made."""
+    st = workload(heap_mb=16)
+    conf = lab.dir / "nodes" / "node-a" / "criu-etc" / "runc.conf.default"
+    good = conf.read_text()
+
+    def break_criu() -> None:  # every CRIU on node-a from now on refuses its configuration
+        conf.write_text(good + "no-such-criu-option\n")
+
+    try:
+        rec = fails_and_rolls_back(lab, st, "checkpoint", after("validate", break_criu), mode="lazy")
+    finally:
+        conf.write_text(good)
+    assert rec["speculative"]["state"] == "cancelled", rec["speculative"]
+    assert not [c for c in lab.agent("node-b").get("/v1/containers") if c["name"] == st["name"]]
+    # and in podman's storage, and runc-gate's FIFO
+    left = lab.run("node-b", ["sh", "-c", "podman ps -a --storage --format '{{.Names}}'; ls /run/podmigrate/gates"])
+    assert st["name"] not in left.stdout.split() and ".fifo" not in left.stdout, left.stdout
+
+
 def test_a_failed_lazy_restore_makes_the_source_give_up_its_dump_and_serve_again(lab, workload):
     st = workload(heap_mb=16)
 

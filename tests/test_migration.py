@@ -334,6 +334,9 @@ def test_each_mode_and_transport_goes_there_and_back_with_the_heap_intact(lab, w
             pre = rec["lazy"]["prefetch"]
             assert pre["source"] == "sent" and pre["outcome"] in ("used", "missed"), pre
             assert 0 < pre["bytes"] < 32 << 20 and pre["mappings"] > 0
+            # podman's part of the restore ran before the freeze and waited at runc's gate
+            assert rec["speculative"]["state"] == "used" and rec["speculative"]["podman_s"] > 0, rec["speculative"]
+            assert "target: unpacking, placing at the gate, lazy-pages daemon start" in rec["blackout_steps"]["steps"]
         if mode == "decoupled":
             # make-before-break: the copy was up before the switch, so at the cutover at most a probe
             # caught mid-handshake at the very instant of the switch fails (its ACK reaches the copy)

@@ -23,6 +23,7 @@ from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App
 from podmigrate.agent.memory import Reservations
 from podmigrate.agent.node_prefetch import Prefetches
+from podmigrate.agent.node_speculative import Speculations
 from podmigrate.runtime.uffd import FaultWaker
 from podmigrate.transport import pagerelay, seal
 from podmigrate.transport.stream import Seal
@@ -43,11 +44,12 @@ class LazyPages:
         memory: Reservations,
         criu_tls: Callable[..., tuple[str, ...]] = lambda server: (),
         prefetches: Prefetches | None = None,
+        speculations: Speculations | None = None,
     ):
         """``criu_tls(server=...)``: CRIU's TLS options for a listening or a connecting end;
         ``prefetches``: the node's prefetch sender and receiver (``agent.node_prefetch``)."""
         self.name, self.rt, self.files, self.memory, self.criu_tls = name, rt, files, memory, criu_tls
-        self.prefetches = prefetches
+        self.prefetches, self.speculations = prefetches, speculations
         self.jobs: dict[str, subprocess.Popen[Any]] = {}
         self.lazy_ports: dict[str, int] = {}
         self.wakers: dict[str, FaultWaker] = {}
@@ -65,6 +67,8 @@ class LazyPages:
         abort-lazy ends it safely."""
         if self.prefetches is not None:
             self.prefetches.stop(cid)
+        if self.speculations is not None:
+            self.speculations.stop(cid)
         for role in ("ps", "dst"):
             job = self.jobs.pop(f"{role}-{cid}", None)
             if job is not None and job.poll() is None:
@@ -173,6 +177,8 @@ class LazyPages:
             self.rt.ensure_image(b["image"])
         # how long the restore may wait for a prefetch the source is sending (agent.node_prefetch)
         wait = max(0.0, min(float(b.get("prefetch_wait_s") or 0), 10.0))
+        # podman's part of the restore, done before the freeze and waiting (agent.node_speculative)
+        gate = self.speculations.take(cid) if self.speculations is not None and b.get("speculative") else None
         with self.files.busy(cid):
             res, daemon, waker = self.rt.lazy_restore(
                 self.files.archive(cid),
@@ -184,12 +190,14 @@ class LazyPages:
                 wake_faults=b.get("wake_faults", True),
                 tls=self.criu_tls(server=False),
                 action_script=node_prefetch.script(self.files.pages(cid), wait) if wait else None,
+                gate=gate,
             )
         self.jobs[f"dst-{cid}"] = daemon
         if waker:
             self.wakers[cid] = waker
         used = node_prefetch.outcome(self.files.pages(cid)) if wait else None
-        return {**res, "wake_faults": waker is not None, "prefetch": used}
+        speculative = ("used" if gate else "gone: restored after the dump") if b.get("speculative") else None
+        return {**res, "wake_faults": waker is not None, "prefetch": used, "speculative": speculative}
 
     def restore_from_pages(self, cid: str, b: dict[str, Any]) -> Any:
         """A streamed dump's restore that leaves its memory in the images the page server wrote: a

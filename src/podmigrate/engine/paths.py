@@ -25,6 +25,9 @@ CHANGES = {
     "iptables-network-lock": "CRIU locks the container's network during a dump with iptables-restore (and a "
     "restore unlocks it with five more processes, inside the blackout) instead of nftables in CRIU's "
     "own process (lab.image's CRIU configuration)",
+    "restore-after-dump": "a lazy migration's target runs podman's whole restore once the dump has arrived, "
+    "instead of podman's part before CRIU (its start, database, storage, network, conmon) running before the "
+    "source is frozen and waiting at a gate in front of runc for the real images (runtime.speculative)",
     "restored-check-before-cutover": "the restored copy's state and addresses are checked after its first "
     "answer, not between the restore and the route switch",
 }

@@ -177,6 +177,9 @@ class Record(RunRecord, total=False):
     checkpoint_image: CheckpointImage
     stream: dict[str, Any]  # sha256 and seconds of the agent-to-agent copy
     lazy: Lazy
+    # lazy: the target's podman restore started before the freeze (runtime.speculative): state waiting,
+    # used, 'gone: ...' (it died; restored after the dump), cancelled, or not used (why); podman_s, its time to the gate
+    speculative: dict[str, Any]
     lazy_local: bool  # a streamed restore whose memory a local lazy-pages daemon copied in
     local_pages: dict[str, Any]  # that daemon's end: exit code, when the controller saw it, the fault waker
     cutover: Cutover

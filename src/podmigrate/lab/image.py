@@ -19,6 +19,7 @@ from podmigrate import layout
 from podmigrate.errors import LabError, PreflightError
 from podmigrate.lab import containerd
 from podmigrate.lab.host import Report
+from podmigrate.runtime import speculative
 
 SUITE = "trixie"
 CRIU_SUITE = "sid"
@@ -190,6 +191,11 @@ class NodeImage:
         (r / "etc/criu/runc.conf").write_text(CRIU_RUNC_CONF)
         for f in ("etc/criu/default.conf", "etc/criu/crun.conf"):
             (r / f).unlink(missing_ok=True)
-        (r / "etc/containers/containers.conf").write_text(CONTAINERS_CONF)
+        # podman runs runc through the speculative restore's gate (runtime.speculative)
+        (r / "etc/containers/containers.conf").write_text(CONTAINERS_CONF + speculative.CONTAINERS_CONF_RUNTIMES)
+        gate = r / speculative.RUNC_GATE_PATH.lstrip("/")
+        gate.parent.mkdir(parents=True, exist_ok=True)
+        gate.write_text(speculative.RUNC_GATE)
+        gate.chmod(0o755)
         (r / "etc/containers/registries.conf.d/50-podmigrate.conf").write_text(REGISTRIES_CONF)
         containerd.install_wrapper(r)

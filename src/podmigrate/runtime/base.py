@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
+    from podmigrate.runtime.speculative import Gate
     from podmigrate.runtime.uffd import FaultWaker
 
 
@@ -126,6 +127,10 @@ class Runtime(Protocol):
     def page_server(
         self, images: Path, address: str, port: int, *, tls: tuple[str, ...] = ()
     ) -> subprocess.Popen[bytes]: ...  # receive a dump's pages into ``images``
+    def skeleton(self, name: str) -> dict[str, Any]: ...  # what a speculative restore needs, before the freeze
+    def speculate(
+        self, token: str, skeleton: dict[str, Any], where: Path, *, tcp_established: bool = True
+    ) -> Gate: ...  # a restore of ``skeleton`` that waits at gate ``token`` for the real images
     def lazy_checkpoint(
         self,
         name: str,
@@ -149,6 +154,7 @@ class Runtime(Protocol):
         wake_faults: bool = True,
         tls: tuple[str, ...] = (),
         action_script: str | None = None,
+        gate: Gate | None = None,
     ) -> tuple[
         dict[str, Any], subprocess.Popen[bytes], FaultWaker | None
     ]: ...  # restore, pages on fault (from ``images`` without an address); CRIU runs ``action_script``

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import Any
 
 from podmigrate.errors import RuntimeBackendError
-from podmigrate.runtime import freezer
+from podmigrate.runtime import freezer, speculative
 from podmigrate.runtime.criu_conf import CRIU_CONF, criu_log_tail, criu_spans, file_tail
 from podmigrate.runtime.podman_cli import PodmanCLI
 from podmigrate.runtime.prefetch import read_pagemap
+from podmigrate.runtime.speculative import Gate
 from podmigrate.runtime.uffd import FaultWaker
 
 
@@ -150,6 +151,21 @@ class PodmanLazy(PodmanCLI):
             if n.get("IPAddress")
         }
 
+    def skeleton(self, name: str) -> dict[str, Any]:
+        """What a speculative restore of ``name`` needs from this node before the freeze
+        (``runtime.speculative``): podman's configuration as an export writes it, the OCI spec, the
+        addresses."""
+        cid, static = self._run("inspect", "-f", "{{.ID}}|{{.StaticDir}}", "--", name).stdout.strip().split("|")
+        return {
+            "config": speculative.read_config(cid),
+            "spec": json.loads((Path(static) / "config.json").read_text()),
+            "network": self._network_status(name),
+        }
+
+    def speculate(self, token: str, skeleton: dict[str, Any], where: Path, *, tcp_established: bool = True) -> Gate:
+        """Start a speculative restore of ``skeleton`` that waits at gate ``token``."""
+        return speculative.start(token, skeleton, where, tcp_established=tcp_established)
+
     def page_server(
         self, images: Path, address: str, port: int, *, tls: tuple[str, ...] = ()
     ) -> subprocess.Popen[bytes]:
@@ -197,6 +213,7 @@ class PodmanLazy(PodmanCLI):
         wake_faults: bool = True,
         tls: tuple[str, ...] = (),
         action_script: str | None = None,
+        gate: Gate | None = None,
     ) -> tuple[dict[str, Any], subprocess.Popen[bytes], FaultWaker | None]:
         """Restore with the memory left behind: a ``criu lazy-pages`` daemon fetches pages from the
         source at ``address:port`` as the process touches them (userfaultfd), and the rest in the
@@ -204,7 +221,9 @@ class PodmanLazy(PodmanCLI):
         page server wrote them, each marked lazy-able by CRIU): the daemon copies them in from there,
         so the restore does not read the whole memory before the process runs. ``wake_faults``
         re-raises the faults the daemon drops (see ``runtime.uffd``). ``action_script``: a script
-        CRIU runs at each step of the restore (``agent.node_prefetch``)."""
+        CRIU runs at each step of the restore (``agent.node_prefetch``). ``gate``: a speculative
+        restore waiting for these images (``runtime.speculative``), released instead of running
+        podman's restore now."""
         started = time.time()
         images.mkdir(mode=0o700, exist_ok=True)
         work.mkdir(mode=0o700, exist_ok=True)
@@ -241,6 +260,14 @@ class PodmanLazy(PodmanCLI):
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        if gate is not None:  # while the daemon starts
+            try:
+                gate.place(archive)
+            except Exception:
+                daemon.kill()
+                daemon.wait()
+                gate.cancel()
+                raise
         deadline = time.monotonic() + 30
         while not (work / "lazy-pages.socket").exists():
             if daemon.poll() is not None or time.monotonic() > deadline:
@@ -270,15 +297,27 @@ class PodmanLazy(PodmanCLI):
                 ),
                 freezer.freeze_when_opened(CRIU_CONF, None) as noted,
             ):
-                self._run(*args, what="lazy restore")
+                if gate is None:
+                    self._run(*args, what="lazy restore")
+                else:
+                    gate.release()
+                    rc, err = gate.finish()
+                    if rc:
+                        raise RuntimeBackendError(
+                            f"podman's speculative restore failed on {self.node} (exit {rc}): {err.strip()[-500:]}",
+                            details={"criu_log": criu_log_tail(err) or file_tail(work / "restore.log")},
+                        )
         except Exception:
             daemon.kill()
             daemon.wait()
             if waker:
                 waker.stop()
+            if gate is not None and not gate.released:
+                gate.cancel()
             raise
         ended = time.time()
-        timeline = [["unpacking, lazy-pages daemon start", started, t0]]
+        step = "unpacking, placing at the gate, lazy-pages daemon start" if gate else None
+        timeline = [[step or "unpacking, lazy-pages daemon start", started, t0]]
         timeline += criu_spans(
             "restore", t0, noted.times.get("opened_at") if noted else None, work / "restore.log", ended
         )

@@ -24,8 +24,27 @@ AGENT_PATIENCE_S = 30.0  # how long the pages phase waits for an unreachable tar
 _pause = time.sleep  # the pages phase's polling pause (tests make it instant)
 
 
+def speculate(ctx: Ctx) -> None:
+    """Before the freeze: the target's podman does its part of the restore from the source's skeleton
+    of the container and waits at a gate for the real images (``runtime.speculative``). If it cannot,
+    the migration goes on without: the record says why."""
+    rec = ctx.rec
+    try:
+        skeleton = ctx.agent(rec["source"] or "").get(f"/v1/containers/{rec['container']}/skeleton")
+        res = ctx.agent(rec["target"]).post(
+            f"/v1/checkpoints/{rec['id']}/speculate",
+            {"skeleton": skeleton, "tcp_established": rec["plan"]["tcp_established"]},
+        )
+    except PodmigrateError as e:  # unreachable, refused, or a node without it: restored after the dump
+        rec["speculative"] = {"state": "not used", "why": str(e)[:300]}
+        return
+    rec["speculative"] = {"state": "waiting", "podman_s": round(res["at_gate"] - res["started"], 4)}
+
+
 def lazy_checkpoint(ctx: Ctx) -> None:
     rec = ctx.rec
+    if not paths.old("restore-after-dump"):
+        speculate(ctx)
     body: dict[str, Any] = {"checkpoint_id": rec["id"], "tcp_established": rec["plan"]["tcp_established"]}
     if paths.old("iptables-network-lock"):
         body["network_lock"] = "iptables"
@@ -49,6 +68,9 @@ def lazy_checkpoint(ctx: Ctx) -> None:
 
 def undo_lazy_checkpoint(ctx: Ctx) -> str:
     rec = ctx.rec
+    if (rec.get("speculative") or {}).get("state") == "waiting":
+        ctx.agent(rec["target"]).delete(f"/v1/checkpoints/{rec['id']}/speculate")
+        rec["speculative"]["state"] = "cancelled"
     src = ctx.agent(rec["source"] or "")
     res = src.post(f"/v1/checkpoints/{rec['id']}/abort-lazy", {"port": (rec.get("lazy") or {}).get("port")})
     src.delete(f"/v1/checkpoints/{rec['id']}")
@@ -78,6 +100,7 @@ def lazy_restore(ctx: Ctx) -> None:
             **({"image": rec["image"]} if paths.old("restore-image-check") else {}),
             "tcp_established": rec["plan"]["tcp_established"],
             "prefetch_wait_s": PREFETCH_WAIT_S if rec["lazy"].get("prefetch") else 0,
+            "speculative": (rec.get("speculative") or {}).get("state") == "waiting",
             # off only to measure what the waker saves (runtime/uffd.py)
             "wake_faults": os.environ.get("PODMIGRATE_LAZY_WAKE", "1") != "0",
         },
@@ -85,6 +108,8 @@ def lazy_restore(ctx: Ctx) -> None:
     rec["lazy"]["wake_faults"] = res.get("wake_faults", False)
     if rec["lazy"].get("prefetch"):
         rec["lazy"]["prefetch"].update(res.get("prefetch") or {"outcome": None})  # used, missed (too late)
+    if res.get("speculative"):
+        rec["speculative"]["state"] = res["speculative"]
     rec["criu"]["restore"] = res["stats"]
     rec["restored_at"] = res["ended"]
     breakdown.note(rec, "target", res.get("timeline"))

@@ -1,0 +1,242 @@
+"""The speculative restore (Podman backend): the target's podman does its part of a restore before the
+source is frozen, and waits at a gate in front of runc until the real images are there.
+
+Everything podman does before CRIU (its start, database, storage, netavark, conmon: ~0.1-0.15 s of
+every restore here) needs only what exists before the freeze: the container's configuration
+(podman's ``ContainerConfig``, ``config.dump`` in an export), its OCI spec (``spec.dump``) and its
+addresses (``network.status``). The source reads them (``skeleton``); the target imports them as a
+checkpoint whose image directory holds a gate token and an empty inventory (podman only checks that
+one exists) (``start``). The node's podman runs runc through ``runc-gate``
+(``RUNC_GATE``, set in containers.conf by ``lab.image``): every call goes straight to runc but a
+restore whose image directory holds a token, which waits on that gate's FIFO. When the real images
+arrive, ``Gate.place`` puts them, the root file system's last changes and /dev/shm where podman's
+import would have, and ``Gate.release`` lets runc restore; ``Gate.cancel`` makes runc-gate exit 1, so
+that podman's restore fails, and removes what it left. Standard library only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+from podmigrate.errors import RuntimeBackendError
+
+GATES = Path("/run/podmigrate/gates")
+TOKEN = "podmigrate-gate"  # in the image directory: this restore waits at the gate
+RUNC_GATE_PATH = "/usr/local/lib/podmigrate/runc-gate"
+PODMAN_DB = Path("/var/lib/containers/storage/db.sql")
+_RUNC_GATE = """#!/bin/sh
+# podmigrate's runc for podman (podmigrate.runtime.speculative): every call goes to runc as it is,
+# but a restore whose image directory holds a gate token waits for the node agent's word first
+img= bundle= prev= restore=
+for a in "$@"; do
+  case $prev in --image-path) img=$a ;; --bundle|-b) bundle=$a ;; esac
+  [ "$a" = restore ] && restore=1
+  prev=$a
+done
+if [ -n "$restore" ] && [ -n "$img" ] && [ -f "$img/@TOKEN@" ]; then
+  gate=@GATES@/$(tr -cd 'A-Za-z0-9_.-' <"$img/@TOKEN@")
+  [ -p "$gate.fifo" ] || exit 1
+  # the FIFO is open for reading before podman is said to wait: from then on the agent's death (its
+  # end closes) ends the wait with EOF; 300 s end a forgotten one
+  verdict=$(timeout 300 sh -c 'exec 3<"$1" && printf "%s\\n%s\\n" "$2" "$3" >"$4.tmp" && mv "$4.tmp" "$4.waiting" &&
+    head -n1 <&3' sh "$gate.fifo" "$img" "$bundle" "$gate")
+  [ "$verdict" = go ] || exit 1
+fi
+exec @RUNC@ "$@"
+"""
+
+
+def runc_gate(gates: Path = GATES, runc: str = "/usr/sbin/runc") -> str:
+    """runc-gate's text: its gates' directory and the runc it runs."""
+    return _RUNC_GATE.replace("@TOKEN@", TOKEN).replace("@GATES@", str(gates)).replace("@RUNC@", runc)
+
+
+RUNC_GATE = runc_gate()
+# podman picks the first runtime path that exists: without the gate the node runs runc itself
+CONTAINERS_CONF_RUNTIMES = f'[engine.runtimes]\nrunc = ["{RUNC_GATE_PATH}", "/usr/sbin/runc"]\n'
+
+
+def export_config(config: dict[str, Any]) -> dict[str, Any]:
+    """Podman's ``ContainerConfig`` as its export writes it into config.dump: the container's short
+    ID left out of the networks' aliases, since a restored copy may get a new ID (libpod's
+    ``prepareCheckpointExport``)."""
+    out = dict(config)
+    short = str(config.get("id", ""))[:12]
+    nets = {}
+    for net, opts in (config.get("newNetworks") or {}).items():
+        opts = dict(opts)
+        aliases = [a for a in opts.get("aliases") or [] if a != short]
+        if aliases:
+            opts["aliases"] = aliases
+        else:
+            opts.pop("aliases", None)
+        nets[net] = opts
+    if nets:
+        out["newNetworks"] = nets
+    return out
+
+
+class Gate:
+    """One speculative restore: podman's process, the gate's FIFO (held open here) and, once podman
+    is there, the image directory and bundle runc-gate reported."""
+
+    def __init__(self, token: str, name: str, proc: subprocess.Popen[str], started: float, gates: Path = GATES):
+        self.token, self.name, self.proc, self.started, self.gates = token, name, proc, started, gates
+        self.fifo = gates / f"{token}.fifo"
+        self.fd = os.open(self.fifo, os.O_RDWR)  # never blocks; its close is the waiter's EOF
+        self.img: Path | None = None
+        self.bundle: Path | None = None
+        self.reached: float | None = None
+        self.released = False
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def wait(self, timeout: float) -> None:
+        """Until podman waits at the gate; an error with podman's words if it ended or took too long."""
+        waiting = self.gates / f"{self.token}.waiting"
+        deadline = time.monotonic() + timeout
+        while not waiting.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                ended = self.proc.poll() is not None
+                err = self.proc.stderr.read() if ended and self.proc.stderr else ""
+                why = f"podman exited {self.proc.returncode}" if ended else f"not there after {timeout:.0f} s"
+                raise RuntimeBackendError(
+                    f"the speculative restore of {self.name} did not reach its gate ({why}): {err.strip()[-300:]}"
+                )
+            time.sleep(0.002)
+        img, bundle = waiting.read_text().splitlines()[:2]
+        self.img, self.bundle, self.reached = Path(img), Path(bundle), time.time()
+
+    def place(self, archive: Path) -> None:
+        """Put the checkpoint in ``archive`` where podman's import would have: the CRIU images into
+        the image directory, the root file system's changes and deleted files into the mounted root,
+        /dev/shm's contents into the container's shm directory."""
+        assert self.img is not None and self.bundle is not None
+        staging = self.bundle / "podmigrate-staging"  # same file system as the image directory
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(mode=0o700)
+        try:
+            p = subprocess.run(["tar", "-C", str(staging), "-xf", str(archive)], capture_output=True, text=True)
+            if p.returncode:
+                raise RuntimeBackendError(f"unpacking the checkpoint at the gate failed: {p.stderr.strip()}")
+            for f in (staging / "checkpoint").iterdir():
+                os.replace(f, self.img / f.name)
+            (self.img / TOKEN).unlink(missing_ok=True)
+            spec = json.loads((self.bundle / "config.json").read_text())
+            root = Path(spec["root"]["path"])
+            if (staging / "rootfs-diff.tar").exists():
+                _untar(staging / "rootfs-diff.tar", root)
+            if (staging / "deleted.files").exists():
+                for path in json.loads((staging / "deleted.files").read_text()):
+                    target = Path(os.path.normpath(root / str(path).lstrip("/")))
+                    if root in target.parents:  # never outside the container's root
+                        if target.is_dir() and not target.is_symlink():
+                            shutil.rmtree(target, ignore_errors=True)
+                        else:
+                            target.unlink(missing_ok=True)
+            shm = staging / "devshm-checkpoint.tar"
+            shm_dir = json.loads((staging / "config.dump").read_text()).get("ShmDir") if shm.exists() else None
+            if shm_dir and Path(shm_dir).is_dir():
+                _untar(shm, Path(shm_dir))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def release(self) -> None:
+        self.released = True
+        os.write(self.fd, b"go\n")
+
+    def finish(self, timeout: float = 600) -> tuple[int, str]:
+        """podman's exit and error output once runc and CRIU are done (after ``release``)."""
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        self._close()
+        return self.proc.returncode, err or ""
+
+    def cancel(self) -> None:
+        """Make the waiting restore fail and remove the container it created."""
+        if not self.released:
+            with contextlib.suppress(OSError):
+                os.write(self.fd, b"cancel\n")
+        try:
+            self.proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.communicate()
+        self._close()
+        if not self.released and self.name:
+            # podman leaves it created, or only its storage when it failed before its database
+            for args in (["rm", "-f", "-t", "0"], ["rm", "--storage"]):
+                subprocess.run(["podman", *args, "--", self.name], capture_output=True)
+
+    def _close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+        for suffix in (".fifo", ".waiting", ".tmp"):
+            (self.gates / f"{self.token}{suffix}").unlink(missing_ok=True)
+
+
+def _untar(tar: Path, into: Path) -> None:
+    # as podman's import: owners, modes and times kept (root on the node)
+    p = subprocess.run(["tar", "-C", str(into), "-xpf", str(tar), "--numeric-owner"], capture_output=True, text=True)
+    if p.returncode:
+        raise RuntimeBackendError(f"applying {tar.name} at the gate failed: {p.stderr.strip()[-300:]}")
+
+
+def read_config(container_id: str) -> dict[str, Any]:
+    """Podman's configuration of a container, from its database, as an export writes it."""
+    try:
+        db = sqlite3.connect(f"file:{PODMAN_DB}?mode=ro", uri=True, timeout=5)
+        with contextlib.closing(db):
+            row = db.execute("SELECT JSON FROM ContainerConfig WHERE ID = ?", (container_id,)).fetchone()
+    except sqlite3.Error as e:
+        raise RuntimeBackendError(f"reading podman's database failed: {e}") from e
+    if row is None:
+        raise RuntimeBackendError(f"podman's database has no configuration for {container_id[:12]}")
+    return export_config(json.loads(row[0]))
+
+
+def start(token: str, skeleton: dict[str, Any], where: Path, *, tcp_established: bool = True) -> Gate:
+    """Start podman's restore of ``skeleton`` (its archive written to ``where``); it stops at the
+    gate named ``token``, where the caller waits for it (``Gate.wait``)."""
+    GATES.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for suffix in (".fifo", ".waiting", ".tmp"):
+        (GATES / f"{token}{suffix}").unlink(missing_ok=True)
+    os.mkfifo(GATES / f"{token}.fifo", 0o600)
+    with tarfile.open(where, "w") as t:
+        os.chmod(where, 0o600)  # the configuration may hold the container's secrets (its environment)
+        for member, data in (
+            ("config.dump", json.dumps(skeleton["config"]).encode()),
+            ("spec.dump", json.dumps(skeleton["spec"]).encode()),
+            ("network.status", json.dumps(skeleton["network"]).encode()),
+            (f"checkpoint/{TOKEN}", token.encode()),
+            ("checkpoint/inventory.img", b""),
+        ):
+            info = tarfile.TarInfo(member)
+            info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
+            t.addfile(info, io.BytesIO(data))
+    args = ["podman", "container", "restore", "--import", str(where)]
+    if tcp_established:
+        args.append("--tcp-established")
+    started = time.time()
+    # its own process group, as every podman that may be left waiting
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        return Gate(token, str(skeleton["config"].get("name") or ""), proc, started)
+    except OSError:
+        proc.kill()
+        proc.communicate()
+        raise

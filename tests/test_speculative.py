@@ -1,0 +1,168 @@
+"""The speculative restore's parts without a lab (runtime.speculative): podman's export form of its
+configuration, runc-gate run by sh as podman's conmon runs it, and a gate's placing of a checkpoint."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from podmigrate.runtime import speculative
+from podmigrate.runtime.speculative import TOKEN, Gate, export_config
+
+from .conftest import wait_for
+
+
+def test_the_configuration_is_written_as_podmans_export_writes_it():
+    config = {
+        "id": "e1e085d334384a9fdeebebe60300f37d06e5779186262db8fdf9bbc251f8e766",
+        "name": "big",
+        "newNetworks": {
+            "mig": {"aliases": ["e1e085d33438", "e1e085d33438"], "interface_name": "eth0"},
+            "other": {"aliases": ["web", "e1e085d33438"]},
+        },
+    }
+    out = export_config(config)
+    assert out["newNetworks"] == {"mig": {"interface_name": "eth0"}, "other": {"aliases": ["web"]}}
+    assert config["newNetworks"]["mig"]["aliases"] == ["e1e085d33438", "e1e085d33438"]  # not changed in place
+    assert export_config({"id": "x", "name": "n"}) == {"id": "x", "name": "n"}
+
+
+@pytest.fixture
+def gated(tmp_path: Path):
+    """runc-gate with its gates under tmp_path and a runc that records its arguments."""
+    gates, img, bundle = tmp_path / "gates", tmp_path / "img", tmp_path / "bundle"
+    for d in (gates, img, bundle):
+        d.mkdir()
+    ran = tmp_path / "runc-ran"
+    runc = tmp_path / "runc"
+    runc.write_text(f'#!/bin/sh\necho "$@" > {ran}\n')
+    runc.chmod(0o755)
+    script = tmp_path / "runc-gate"
+    script.write_text(speculative.runc_gate(gates, str(runc)))
+    script.chmod(0o755)
+
+    def run(*args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+
+    restore = ("--root", "/run/runc", "restore", "--image-path", str(img), "--bundle", str(bundle), "ctr")
+    return {"gates": gates, "img": img, "bundle": bundle, "ran": ran, "run": run, "restore": restore}
+
+
+def test_runc_gate_passes_everything_but_a_gated_restore_straight_to_runc(gated):
+    for args in (("checkpoint", "--help"), gated["restore"]):  # no token in the image directory
+        p = gated["run"](*args)
+        assert p.wait(10) == 0
+        assert gated["ran"].read_text().split() == list(args)
+
+
+def test_a_gated_restore_waits_and_runs_runc_on_go(gated):
+    (gated["img"] / TOKEN).write_text("cp-1")
+    os.mkfifo(gated["gates"] / "cp-1.fifo", 0o600)
+    gate = Gate("cp-1", "", gated["run"](*gated["restore"]), time.time(), gates=gated["gates"])
+    gate.wait(10)
+    assert (gate.img, gate.bundle) == (gated["img"], gated["bundle"])
+    assert gate.alive() and not gated["ran"].exists()
+    gate.release()
+    rc, _ = gate.finish(10)
+    assert rc == 0 and gated["ran"].read_text().split() == list(gated["restore"])
+    assert not list(gated["gates"].iterdir())  # its FIFO and notes are gone
+
+
+def test_a_cancelled_gate_never_runs_runc(gated):
+    (gated["img"] / TOKEN).write_text("cp-2")
+    os.mkfifo(gated["gates"] / "cp-2.fifo", 0o600)
+    gate = Gate("cp-2", "", gated["run"](*gated["restore"]), time.time(), gates=gated["gates"])
+    gate.wait(10)
+    gate.cancel()
+    assert gate.proc.returncode == 1 and not gated["ran"].exists()
+    assert not list(gated["gates"].iterdir())
+
+
+def test_a_gate_whose_agent_went_away_fails_the_restore(gated):
+    """The agent's FIFO descriptor closes with it: runc-gate reads EOF and gives up."""
+    (gated["img"] / TOKEN).write_text("cp-3")
+    os.mkfifo(gated["gates"] / "cp-3.fifo", 0o600)
+    gate = Gate("cp-3", "", gated["run"](*gated["restore"]), time.time(), gates=gated["gates"])
+    gate.wait(10)
+    os.close(gate.fd)
+    assert gate.proc.wait(10) == 1 and not gated["ran"].exists()
+
+
+def test_a_gated_restore_without_its_fifo_is_refused_and_the_wait_says_why(gated):
+    (gated["img"] / TOKEN).write_text("cp-4")
+    os.mkfifo(gated["gates"] / "cp-4.fifo", 0o600)
+    proc = gated["run"](*gated["restore"])
+    gate = Gate("cp-4", "ctr", proc, time.time(), gates=gated["gates"])
+    os.unlink(gated["gates"] / "cp-4.fifo")  # cancelled before podman got there
+    wait_for(lambda: proc.poll() is not None, 10, "runc-gate ended")
+    with pytest.raises(Exception, match="did not reach its gate \\(podman exited 1\\)"):
+        gate.wait(10)
+    assert not gated["ran"].exists()
+
+
+def _tar(members: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            t.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def test_the_gate_places_the_checkpoint_where_podmans_import_would_have(tmp_path: Path):
+    root, shm, img, bundle = (tmp_path / d for d in ("merged", "shm", "img", "bundle"))
+    for d in (root / "etc", root / "var", shm, img, bundle):
+        d.mkdir(parents=True)
+    (root / "etc" / "gone").write_text("deleted in the container")
+    (root / "var" / "old").write_text("before")
+    (tmp_path / "outside").write_text("not the container's")
+    (img / TOKEN).write_text("cp")
+    (img / "inventory.img").write_bytes(b"")  # the skeleton's placeholder
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": str(root)}}))
+    archive = tmp_path / "cp.tar"
+    archive.write_bytes(
+        _tar(
+            {
+                "config.dump": json.dumps({"ShmDir": str(shm)}).encode(),
+                "checkpoint/inventory.img": b"real inventory",
+                "checkpoint/pagemap-1.img": b"pagemap",
+                "rootfs-diff.tar": _tar({"var/old": b"after", "var/new": b"new file"}),
+                "deleted.files": json.dumps(["/etc/gone", "/../outside"]).encode(),
+                "devshm-checkpoint.tar": _tar({"./seg": b"shared"}),
+            }
+        )
+    )
+    gate = Gate.__new__(Gate)
+    gate.img, gate.bundle = img, bundle
+    gate.place(archive)
+    assert sorted(p.name for p in img.iterdir()) == ["inventory.img", "pagemap-1.img"]
+    assert (img / "inventory.img").read_bytes() == b"real inventory"
+    assert (root / "var" / "old").read_text() == "after" and (root / "var" / "new").read_text() == "new file"
+    assert not (root / "etc" / "gone").exists()
+    assert (tmp_path / "outside").exists()  # a path out of the root is never followed
+    assert (shm / "seg").read_text() == "shared"
+    assert not (bundle / "podmigrate-staging").exists()
+
+
+def test_a_checkpoint_that_does_not_unpack_is_refused_at_the_gate(tmp_path: Path):
+    img, bundle = tmp_path / "img", tmp_path / "bundle"
+    img.mkdir()
+    bundle.mkdir()
+    (img / TOKEN).write_text("cp")
+    archive = tmp_path / "cp.tar"
+    archive.write_bytes(b"not a checkpoint")
+    gate = Gate.__new__(Gate)
+    gate.img, gate.bundle = img, bundle
+    with pytest.raises(Exception, match="unpacking the checkpoint at the gate failed"):
+        gate.place(archive)
+    assert (img / TOKEN).exists() and not (bundle / "podmigrate-staging").exists()
