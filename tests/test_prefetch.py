@@ -165,9 +165,52 @@ def test_the_pre_restore_script_swaps_in_a_prefetch_that_is_there(tmp_path: Path
     assert done is not None and done["outcome"] == "used" and done["script_s"] >= 0
 
 
+def test_a_prefetch_not_there_at_pre_restore_is_waited_for_at_the_last_step_before_pagemaps_are_read(
+    tmp_path: Path,
+) -> None:
+    podman, images = _restore_dirs(tmp_path)
+    text = node_prefetch.script(images, 5.0)
+    p = _run_script(text, podman)  # pre-restore: not there, no wait
+    assert p.returncode == 0 and node_prefetch.outcome(images) is None
+    (images / "prefetch").mkdir()  # arrives while CRIU restores the namespaces
+    (images / "prefetch" / "pagemap-1.img").write_bytes(b"present pagemap")
+    p = _run_script(text, podman, "post-setup-namespaces")
+    assert p.returncode == 0, p.stderr
+    assert (podman / "pagemap-1.img").read_bytes() == b"present pagemap"
+    done = node_prefetch.outcome(images)
+    assert done is not None and done["outcome"] == "used"
+    # swapped in once: a later step leaves it
+    (images / "prefetch" / "pagemap-1.img").unlink()  # a new file: the swapped one may be a hard link
+    (images / "prefetch" / "pagemap-1.img").write_bytes(b"changed")
+    assert _run_script(text, podman, "post-setup-namespaces").returncode == 0
+    assert (podman / "pagemap-1.img").read_bytes() == b"present pagemap"
+
+
+def test_the_old_path_waits_for_the_prefetch_at_pre_restore(tmp_path: Path) -> None:
+    podman, images = _restore_dirs(tmp_path)
+    p = _run_script(node_prefetch.script(images, 0.02, defer=False), podman)
+    assert p.returncode == 0, p.stderr
+    done = node_prefetch.outcome(images)
+    assert done is not None and done["outcome"] == "missed"
+
+
+def test_a_prefetch_swapped_in_at_pre_restore_is_not_swapped_again(tmp_path: Path) -> None:
+    podman, images = _restore_dirs(tmp_path)
+    (images / "prefetch").mkdir()
+    (images / "prefetch" / "pagemap-1.img").write_bytes(b"present pagemap")
+    text = node_prefetch.script(images, 1.0)
+    assert _run_script(text, podman).returncode == 0
+    (images / "prefetch" / "pagemap-1.img").unlink()  # a new file: the swapped one may be a hard link
+    (images / "prefetch" / "pagemap-1.img").write_bytes(b"changed")
+    assert _run_script(text, podman, "post-setup-namespaces").returncode == 0
+    assert (podman / "pagemap-1.img").read_bytes() == b"present pagemap"
+
+
 def test_a_prefetch_that_is_late_leaves_the_restore_fully_lazy(tmp_path: Path) -> None:
     podman, images = _restore_dirs(tmp_path)
-    p = _run_script(node_prefetch.script(images, 0.02), podman)
+    text = node_prefetch.script(images, 0.02)
+    assert _run_script(text, podman).returncode == 0
+    p = _run_script(text, podman, "post-setup-namespaces")
     assert p.returncode == 0, p.stderr
     assert (podman / "pagemap-1.img").read_bytes() == b"lazy pagemap"
     assert (images / "pagemap-1.img").read_bytes() == b"lazy pagemap"

@@ -189,7 +189,9 @@ class LazyPages:
                 tcp_established=b.get("tcp_established", True),
                 wake_faults=b.get("wake_faults", True),
                 tls=self.criu_tls(server=False),
-                action_script=node_prefetch.script(self.files.pages(cid), wait) if wait else None,
+                action_script=node_prefetch.script(self.files.pages(cid), wait, defer=b.get("prefetch_defer", True))
+                if wait
+                else None,
                 gate=gate,
             )
         self.jobs[f"dst-{cid}"] = daemon

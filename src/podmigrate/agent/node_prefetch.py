@@ -9,7 +9,7 @@ key when it is deleted, so an upload that arrives after a rollback is refused, a
 arriving is thrown away when it commits: nothing is left behind.
 
 Target: the committed upload is unpacked into ``<id>.pages/prefetch`` (renamed into place whole);
-CRIU's pre-restore action script (``script``), run before any task's memory is read, swaps the
+CRIU's action script (``script``), run before any task's memory is read, swaps the
 rewritten images into the restore's image directory if they are there by then, and else lets the
 restore go on fully lazy. Standard library only.
 """
@@ -108,18 +108,28 @@ class Prefetches:
             tar.unlink(missing_ok=True)
 
 
-def script(images: Path, wait_s: float) -> str:
+def script(images: Path, wait_s: float, defer: bool = True) -> str:
     """CRIU's action script for a restore that expects a prefetch in ``images/prefetch``.
 
-    CRIU runs it at every step; at pre-restore no task exists yet, so nothing has read a pagemap.
-    It waits up to ``wait_s`` for the prefetch, then hard-links (or copies) the rewritten images
-    over the ones podman unpacked (``CRTOOLS_IMAGE_DIR``: CRIU's open image directory) and the
-    pagemaps over the lazy-pages daemon's (it reads them once the tasks exist). A failed copy
-    fails the restore, which rolls back: a half-copied pages image must never be restored."""
+    CRIU runs it at every step. The rewritten images must be in place before a restored task reads
+    its pagemap (criu/mem.c ``prepare_mappings``, in the root task once CRIU has passed
+    post-setup-namespaces; the lazy-pages daemon reads its copies even later, once the tasks
+    register). So at pre-restore (no task yet) a prefetch already there is swapped in at once; if
+    it is not there yet, the script waits for it at post-setup-namespaces, up to ``wait_s``, while
+    CRIU has restored the namespaces in the meantime. The swap hard-links (or copies) the images over
+    the ones podman unpacked (``CRTOOLS_IMAGE_DIR``: CRIU's open image directory) and the pagemaps
+    over the lazy-pages daemon's. A failed copy fails the restore, which rolls back: a half-copied
+    pages image must never be restored. A restore without namespaces never reaches the second step:
+    a prefetch not there at pre-restore is then left out (no outcome recorded). ``defer=False``
+    waits at pre-restore instead (engine.paths "prefetch-wait-at-pre-restore", the old path)."""
     tries = max(1, int(wait_s / 0.002))
     return f"""#!/bin/sh
-[ "$CRTOOLS_SCRIPT_ACTION" = pre-restore ] || exit 0
 d='{images}'
+case "$CRTOOLS_SCRIPT_ACTION" in
+  pre-restore) [ -d "$d/prefetch" ] || [ {int(defer)} = 0 ] || {{ : > "$d/prefetch.asked"; exit 0; }} ;;
+  post-setup-namespaces) [ -e "$d/prefetch.asked" ] && [ ! -e "$d/prefetch.used" ] || exit 0 ;;
+  *) exit 0 ;;
+esac
 t0=$(date +%s.%N)
 n=0
 while [ ! -d "$d/prefetch" ]; do
@@ -137,7 +147,7 @@ echo "$t0 $(date +%s.%N)" > "$d/prefetch.used"
 
 
 def outcome(images: Path) -> dict[str, Any] | None:
-    """What the pre-restore script did: ``used`` or ``missed`` (too late), and when it started
+    """What the action script did: ``used`` or ``missed`` (too late), and when it started
     and ended (this node's clock); None if it did not run."""
     for state in ("used", "missed"):
         with contextlib.suppress(OSError, ValueError):

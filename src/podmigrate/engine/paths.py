@@ -28,6 +28,9 @@ CHANGES = {
     "restore-after-dump": "a lazy migration's target runs podman's whole restore once the dump has arrived, "
     "instead of podman's part before CRIU (its start, database, storage, network, conmon) running before the "
     "source is frozen and waiting at a gate in front of runc for the real images (runtime.speculative)",
+    "prefetch-wait-at-pre-restore": "a lazy restore waits for a prefetch still on its way at CRIU's pre-restore "
+    "step, instead of at post-setup-namespaces, the last step before a restored task reads its pagemap "
+    "(CRIU restores the namespaces meanwhile)",
     "restored-check-before-cutover": "the restored copy's state and addresses are checked after its first "
     "answer, not between the restore and the route switch",
 }

@@ -101,6 +101,7 @@ def lazy_restore(ctx: Ctx) -> None:
             "tcp_established": rec["plan"]["tcp_established"],
             "prefetch_wait_s": PREFETCH_WAIT_S if rec["lazy"].get("prefetch") else 0,
             "speculative": (rec.get("speculative") or {}).get("state") == "waiting",
+            "prefetch_defer": not paths.old("prefetch-wait-at-pre-restore"),
             # off only to measure what the waker saves (runtime/uffd.py)
             "wake_faults": os.environ.get("PODMIGRATE_LAZY_WAKE", "1") != "0",
         },
