@@ -179,7 +179,11 @@ def test_a_prefetch_not_there_at_pre_restore_is_waited_for_at_the_last_step_befo
     assert (podman / "pagemap-1.img").read_bytes() == b"present pagemap"
     done = node_prefetch.outcome(images)
     assert done is not None and done["outcome"] == "used"
-    # swapped in once: a later step leaves it
+    _not_swapped_again(text, podman, images)
+
+
+def _not_swapped_again(text: str, podman: Path, images: Path) -> None:
+    """Once swapped in, a later step leaves the images as they are."""
     (images / "prefetch" / "pagemap-1.img").unlink()  # a new file: the swapped one may be a hard link
     (images / "prefetch" / "pagemap-1.img").write_bytes(b"changed")
     assert _run_script(text, podman, "post-setup-namespaces").returncode == 0
@@ -200,10 +204,7 @@ def test_a_prefetch_swapped_in_at_pre_restore_is_not_swapped_again(tmp_path: Pat
     (images / "prefetch" / "pagemap-1.img").write_bytes(b"present pagemap")
     text = node_prefetch.script(images, 1.0)
     assert _run_script(text, podman).returncode == 0
-    (images / "prefetch" / "pagemap-1.img").unlink()  # a new file: the swapped one may be a hard link
-    (images / "prefetch" / "pagemap-1.img").write_bytes(b"changed")
-    assert _run_script(text, podman, "post-setup-namespaces").returncode == 0
-    assert (podman / "pagemap-1.img").read_bytes() == b"present pagemap"
+    _not_swapped_again(text, podman, images)
 
 
 def test_a_prefetch_that_is_late_leaves_the_restore_fully_lazy(tmp_path: Path) -> None:
