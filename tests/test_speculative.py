@@ -10,6 +10,7 @@ import subprocess
 import tarfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,7 +21,7 @@ from .conftest import wait_for
 
 
 def test_the_configuration_is_written_as_podmans_export_writes_it():
-    config = {
+    config: dict[str, Any] = {
         "id": "e1e085d334384a9fdeebebe60300f37d06e5779186262db8fdf9bbc251f8e766",
         "name": "big",
         "newNetworks": {
