@@ -275,6 +275,10 @@ def test_the_source_reads_packs_and_sends_the_prefetch_then_cleans_up(tmp_path: 
     assert (got / "pages-3.img").read_bytes() == present + heap
     assert prefetch.read_pagemap(got / f"pagemap-{pid}.img")[2][-1] == Entry(_address(buf), 8, PE_PRESENT)
     assert not target.archive("m1.prefetch").exists()
+    # when it arrived and how long it took are kept for the record, beside the script's outcome
+    (target.pages("m1") / "prefetch.used").write_text("1.0 1.5")
+    done = node_prefetch.outcome(target.pages("m1"))
+    assert done is not None and done["outcome"] == "used" and done["arrived_at"] > 0 and done["unpack_s"] >= 0
     # an upload that commits after its checkpoint was deleted here is thrown away, not unpacked
     keys.clear()
     target.remove("m1")

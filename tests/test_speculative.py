@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from podmigrate.errors import RuntimeBackendError
 from podmigrate.runtime import speculative
 from podmigrate.runtime.speculative import TOKEN, Gate, export_config
 
@@ -167,3 +168,38 @@ def test_a_checkpoint_that_does_not_unpack_is_refused_at_the_gate(tmp_path: Path
     with pytest.raises(Exception, match="unpacking the checkpoint at the gate failed"):
         gate.place(archive)
     assert (img / TOKEN).exists() and not (bundle / "podmigrate-staging").exists()
+
+
+class _Gate:
+    released = False
+
+    def __init__(self) -> None:
+        self.cancelled = 0
+
+    def alive(self) -> bool:
+        return True
+
+    def cancel(self) -> None:
+        self.cancelled += 1
+
+
+class _FailingRuntime:
+    def lazy_restore(self, *args: Any, **kw: Any) -> Any:
+        raise RuntimeBackendError("unpacking the lazy checkpoint failed: not a checkpoint")
+
+
+def test_a_restore_that_fails_before_its_gate_opens_cancels_the_waiting_podman_at_once(tmp_path: Path):
+    """Else it would wait for runc-gate's own timeout, holding the container's lock meanwhile."""
+    from podmigrate.agent.checkpoints import CheckpointDir
+    from podmigrate.agent.memory import Reservations
+    from podmigrate.agent.node_lazy import LazyPages
+    from podmigrate.agent.node_speculative import Speculations
+
+    files = CheckpointDir(tmp_path)
+    speculations = Speculations(_FailingRuntime(), files)  # type: ignore[arg-type]
+    gate = _Gate()
+    speculations.gates["c1"] = gate  # type: ignore[assignment]
+    lazy = LazyPages("node-b", _FailingRuntime(), files, Reservations(), speculations=speculations)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeBackendError, match="not a checkpoint"):
+        lazy.restore_lazy({"cid": "c1"}, {"speculative": True, "address": "10.77.0.11", "port": 27001})
+    assert gate.cancelled == 1 and not speculations.gates

@@ -179,21 +179,28 @@ class LazyPages:
         wait = max(0.0, min(float(b.get("prefetch_wait_s") or 0), 10.0))
         # podman's part of the restore, done before the freeze and waiting (agent.node_speculative)
         gate = self.speculations.take(cid) if self.speculations is not None and b.get("speculative") else None
-        with self.files.busy(cid):
-            res, daemon, waker = self.rt.lazy_restore(
-                self.files.archive(cid),
-                self.files.pages(cid),
-                self.files.work(cid),
-                names.ipv4(b.get("address")),
-                names.port(b.get("port")),
-                tcp_established=b.get("tcp_established", True),
-                wake_faults=b.get("wake_faults", True),
-                tls=self.criu_tls(server=False),
-                action_script=node_prefetch.script(self.files.pages(cid), wait, defer=b.get("prefetch_defer", True))
-                if wait
-                else None,
-                gate=gate,
-            )
+        try:
+            with self.files.busy(cid):
+                res, daemon, waker = self.rt.lazy_restore(
+                    self.files.archive(cid),
+                    self.files.pages(cid),
+                    self.files.work(cid),
+                    names.ipv4(b.get("address")),
+                    names.port(b.get("port")),
+                    tcp_established=b.get("tcp_established", True),
+                    wake_faults=b.get("wake_faults", True),
+                    tls=self.criu_tls(server=False),
+                    action_script=node_prefetch.script(self.files.pages(cid), wait, defer=b.get("prefetch_defer", True))
+                    if wait
+                    else None,
+                    gate=gate,
+                )
+        except BaseException:
+            # whatever failed before the gate opened (a bad archive, say): the waiting restore goes
+            # now, not when runc-gate's own timeout ends it, which would hold the container's lock
+            if gate is not None and not gate.released:
+                gate.cancel()
+            raise
         self.jobs[f"dst-{cid}"] = daemon
         if waker:
             self.wakers[cid] = waker

@@ -66,6 +66,7 @@ class Prefetches:
             if p.returncode:
                 raise OSError(f"packing the prefetch failed: {p.stderr.strip()}")
             tar.chmod(0o600)
+            res["packed_at"] = time.time()
             shutil.rmtree(out, ignore_errors=True)
             with self.files.busy(cid + SUFFIX):
                 sent = self.stream.with_seal(sealed).send(tar, to)
@@ -91,6 +92,7 @@ class Prefetches:
     def unpack(self, upload: str) -> None:
         """A committed ``<id>.prefetch`` upload: its images into ``<id>.pages/prefetch``, whole or not at all."""
         cid = upload.removesuffix(SUFFIX)
+        started = time.time()  # the upload has just been committed
         tar = self.files.archive(upload)
         dest = self.files.pages(cid) / "prefetch"
         part = dest.with_name("prefetch.part")
@@ -101,6 +103,7 @@ class Prefetches:
             p = subprocess.run(["tar", "-C", str(part), "-xf", str(tar)], capture_output=True, text=True)
             if p.returncode == 0:
                 part.rename(dest)
+                (dest.parent / "prefetch.unpacked").write_text(f"{started} {time.time()}")
             if not self.expected(cid):  # deleted while it was unpacked: what it made goes too
                 shutil.rmtree(self.files.pages(cid), ignore_errors=True)
         finally:
@@ -147,10 +150,15 @@ echo "$t0 $(date +%s.%N)" > "$d/prefetch.used"
 
 
 def outcome(images: Path) -> dict[str, Any] | None:
-    """What the action script did: ``used`` or ``missed`` (too late), and when it started
-    and ended (this node's clock); None if it did not run."""
+    """What the action script did: ``used`` or ``missed`` (too late), when it started and how long
+    it took, and when the prefetch arrived and how long its unpacking took (this node's clock);
+    None if the script did not run."""
+    unpacked: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):  # when it arrived here, and its unpacking
+        started, ended = (float(x) for x in (images / "prefetch.unpacked").read_text().split())
+        unpacked = {"arrived_at": started, "unpack_s": round(ended - started, 4)}
     for state in ("used", "missed"):
         with contextlib.suppress(OSError, ValueError):
             started, ended = (float(x) for x in (images / f"prefetch.{state}").read_text().split())
-            return {"outcome": state, "script_started": started, "script_s": round(ended - started, 4)}
+            return {"outcome": state, "script_started": started, "script_s": round(ended - started, 4), **unpacked}
     return None

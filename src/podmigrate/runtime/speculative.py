@@ -97,7 +97,7 @@ class Gate:
         self.img: Path | None = None
         self.bundle: Path | None = None
         self.reached: float | None = None
-        self.released = False
+        self.released = self.cancelled = False
 
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -167,7 +167,10 @@ class Gate:
         return self.proc.returncode, err or ""
 
     def cancel(self) -> None:
-        """Make the waiting restore fail and remove the container it created."""
+        """Make the waiting restore fail and remove the container it created (once; again is a no-op)."""
+        if self.cancelled:
+            return
+        self.cancelled = True
         if not self.released:
             with contextlib.suppress(OSError):
                 os.write(self.fd, b"cancel\n")
