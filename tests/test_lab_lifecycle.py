@@ -33,6 +33,8 @@ def host_snapshot() -> dict[str, Any]:
         "netns": subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout,
         # raised for lazy pages while a lab is up; the last lab down puts it back
         "pipe_max": Path("/proc/sys/fs/pipe-max-size").read_text(),
+        # lowered for CRIU's conntrack dumps while a lab is up (lab.tunables), the same way
+        "ct_buckets": Path("/proc/sys/net/netfilter/nf_conntrack_buckets").read_text(),
     }
 
 
@@ -78,6 +80,7 @@ def test_lab_up_then_down_leaves_no_namespace_mount_process_cgroup_or_file():
     assert after["links"] == before["links"]
     assert after["netns"] == before["netns"]
     assert after["pipe_max"] == before["pipe_max"]  # another lab up (the session's) keeps it raised
+    assert after["ct_buckets"] == before["ct_buckets"]
     assert set(after["mnt_ns"]) <= set(before["mnt_ns"])
     assert not the_lab.is_up()
 

@@ -19,15 +19,13 @@ from typing import TYPE_CHECKING, Any
 import podmigrate
 from podmigrate import layout
 from podmigrate.errors import LabError, PreflightError, UsageError
-from podmigrate.lab import host, preflight
+from podmigrate.lab import host, preflight, tunables
 from podmigrate.lab.claims import Claims
 from podmigrate.lab.host import Report
 from podmigrate.pki import CA
 
 if TYPE_CHECKING:
     from podmigrate.lab.cluster import Lab
-
-LAZY_PIPE_MAX = 4194304
 
 # Stage 1 runs on the host's tools inside a fresh private mount namespace: bind the node image and
 # the lab's directories into place, pivot into the image, and hand over to the lab holder.
@@ -121,14 +119,9 @@ def issue_identities(lab: Lab, names: list[str]) -> None:
 def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -> None:
     report(f"starting lab {lab.name!r} with nodes {', '.join(names)}")
     lab.dir.mkdir(parents=True, exist_ok=True)
-    # CRIU's lazy-pages daemon needs 4 MiB pipes and has no CAP_SYS_RESOURCE here; the old value is
-    # kept and put back by `lab down` (pipe-max-size is one value for the whole machine)
-    # (machine-wide, like the value: the first lab up keeps it, the last one down puts it back)
-    pipe_max, orig = Path("/proc/sys/fs/pipe-max-size"), lab.base / "pipe-max-size.orig"
-    if int(pipe_max.read_text()) < LAZY_PIPE_MAX:
-        if not orig.exists():
-            orig.write_text(pipe_max.read_text())
-        pipe_max.write_text(str(LAZY_PIPE_MAX))
+    # machine-wide kernel settings (the nodes share this kernel): kept, and put back by the last `lab down`
+    for change in tunables.apply(lab.base):
+        report(f"machine setting for the lab: {change}")
     os.chmod(lab.dir, 0o700)  # checkpoints and the token live below
     lab.cache.mkdir(parents=True, exist_ok=True)
     for d in ("pids", "agents", "logs", "hold", "registry", "nodes"):
@@ -211,13 +204,13 @@ def down(lab: Lab, report: Report = lambda _m: None) -> None:
         for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
             host.rmdir(d)
         host.rmdir(cg)
-    orig = lab.base / "pipe-max-size.orig"
     labs = lab.base / "labs"
-    if orig.exists() and not any(
-        host.holder_pid(d) is not None for d in labs.iterdir() if d.name != lab.name and host.NAME.fullmatch(d.name)
-    ):
-        Path("/proc/sys/fs/pipe-max-size").write_text(orig.read_text())
-        orig.unlink()
+    tunables.restore(
+        lab.base,
+        lambda: any(
+            host.holder_pid(d) is not None for d in labs.iterdir() if d.name != lab.name and host.NAME.fullmatch(d.name)
+        ),
+    )
     if lab.dir.exists():
         report(f"removing {lab.dir}")
         shutil.rmtree(lab.dir)
