@@ -1,5 +1,6 @@
 """The speculative restore's parts without a lab (runtime.speculative): podman's export form of its
-configuration, runc-gate run by sh as podman's conmon runs it, and a gate's placing of a checkpoint."""
+configuration, the criu gate run by a stand-in for runc as runc runs criu, and a gate's placing of a
+checkpoint."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import io
 import json
 import os
 import subprocess
+import sys
 import tarfile
 import time
 from pathlib import Path
@@ -36,53 +38,73 @@ def test_the_configuration_is_written_as_podmans_export_writes_it():
     assert export_config({"id": "x", "name": "n"}) == {"id": "x", "name": "n"}
 
 
+# a stand-in for runc: named runc (the gate holds only runc's restores), it holds the image
+# directory open as runc does (CRIU opens it through /proc/<runc>/fd) and runs the gate as criu
+_RUNC = """
+import os, subprocess, sys
+img = os.open(sys.argv[1], os.O_RDONLY | os.O_DIRECTORY)
+sys.exit(subprocess.run(sys.argv[2:]).returncode)
+"""
+
+
 @pytest.fixture
 def gated(tmp_path: Path):
-    """runc-gate with its gates under tmp_path and a runc that records its arguments."""
-    gates, img, bundle = tmp_path / "gates", tmp_path / "img", tmp_path / "bundle"
-    for d in (gates, img, bundle):
-        d.mkdir()
-    ran = tmp_path / "runc-ran"
-    runc = tmp_path / "runc"
-    runc.write_text(f'#!/bin/sh\necho "$@" > {ran}\n')
-    runc.chmod(0o755)
-    script = tmp_path / "runc-gate"
-    script.write_text(speculative.runc_gate(gates, str(runc)))
+    """The criu gate with its gates under tmp_path, a criu that records its arguments, and a runc."""
+    gates, bundle = tmp_path / "gates", tmp_path / "bundle"
+    img = bundle / "checkpoint"
+    for d in (gates, img):
+        d.mkdir(parents=True)
+    ran = tmp_path / "criu-ran"
+    criu = tmp_path / "real-criu"
+    criu.write_text(f'#!/bin/sh\necho "$@" > {ran}\n')
+    criu.chmod(0o755)
+    script = tmp_path / "criu"
+    script.write_text(speculative.criu_gate(gates, str(criu)))
     script.chmod(0o755)
+    runc = tmp_path / "runc"
+    runc.symlink_to(sys.executable)
 
-    def run(*args: str) -> subprocess.Popen[str]:
+    def run(*args: str, parent: Path = runc) -> subprocess.Popen[str]:
         return subprocess.Popen(
-            [str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+            [str(parent), "-c", _RUNC, str(img), str(script), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
 
-    restore = ("--root", "/run/runc", "restore", "--image-path", str(img), "--bundle", str(bundle), "ctr")
-    return {"gates": gates, "img": img, "bundle": bundle, "ran": ran, "run": run, "restore": restore}
+    return {"gates": gates, "img": img, "bundle": bundle, "ran": ran, "run": run, "script": script, "tmp": tmp_path}
 
 
-def test_runc_gate_passes_everything_but_a_gated_restore_straight_to_runc(gated):
-    for args in (("checkpoint", "--help"), gated["restore"]):  # no token in the image directory
+def test_the_criu_gate_passes_every_other_run_straight_to_criu(gated):
+    for args in (("swrk", "3"), ("check",)):  # runc's own runs: no token in the image directory
         p = gated["run"](*args)
         assert p.wait(10) == 0
         assert gated["ran"].read_text().split() == list(args)
+    (gated["img"] / TOKEN).write_text("cp-0")
+    other = gated["tmp"] / "podman"  # a token, but not runc's run: podman's own CRIU check
+    other.symlink_to(sys.executable)
+    p = gated["run"]("swrk", "3", parent=other)
+    assert p.wait(10) == 0 and gated["ran"].read_text().split() == ["swrk", "3"]
 
 
-def test_a_gated_restore_waits_and_runs_runc_on_go(gated):
+def test_a_gated_restore_waits_and_runs_criu_on_go(gated):
     (gated["img"] / TOKEN).write_text("cp-1")
     os.mkfifo(gated["gates"] / "cp-1.fifo", 0o600)
-    gate = Gate("cp-1", "", gated["run"](*gated["restore"]), time.time(), gates=gated["gates"])
+    gate = Gate("cp-1", "", gated["run"]("swrk", "3"), time.time(), gates=gated["gates"])
     gate.wait(10)
     assert (gate.img, gate.bundle) == (gated["img"], gated["bundle"])
     assert gate.alive() and not gated["ran"].exists()
     gate.release()
     rc, _ = gate.finish(10)
-    assert rc == 0 and gated["ran"].read_text().split() == list(gated["restore"])
+    assert rc == 0 and gated["ran"].read_text().split() == ["swrk", "3"]
     assert not list(gated["gates"].iterdir())  # its FIFO and notes are gone
 
 
-def test_a_cancelled_gate_never_runs_runc(gated):
+def test_a_cancelled_gate_never_runs_criu(gated):
     (gated["img"] / TOKEN).write_text("cp-2")
     os.mkfifo(gated["gates"] / "cp-2.fifo", 0o600)
-    gate = Gate("cp-2", "", gated["run"](*gated["restore"]), time.time(), gates=gated["gates"])
+    gate = Gate("cp-2", "", gated["run"]("swrk", "3"), time.time(), gates=gated["gates"])
     gate.wait(10)
     gate.cancel()
     assert gate.proc.returncode == 1 and not gated["ran"].exists()
@@ -90,22 +112,21 @@ def test_a_cancelled_gate_never_runs_runc(gated):
 
 
 def test_a_gate_whose_agent_went_away_fails_the_restore(gated):
-    """The agent's FIFO descriptor closes with it: runc-gate reads EOF and gives up."""
+    """The agent's FIFO descriptor closes with it: the gate reads EOF and gives up."""
     (gated["img"] / TOKEN).write_text("cp-3")
     os.mkfifo(gated["gates"] / "cp-3.fifo", 0o600)
-    gate = Gate("cp-3", "", gated["run"](*gated["restore"]), time.time(), gates=gated["gates"])
+    gate = Gate("cp-3", "", gated["run"]("swrk", "3"), time.time(), gates=gated["gates"])
     gate.wait(10)
     os.close(gate.fd)
     assert gate.proc.wait(10) == 1 and not gated["ran"].exists()
 
 
 def test_a_gated_restore_without_its_fifo_is_refused_and_the_wait_says_why(gated):
-    (gated["img"] / TOKEN).write_text("cp-4")
-    os.mkfifo(gated["gates"] / "cp-4.fifo", 0o600)
-    proc = gated["run"](*gated["restore"])
-    gate = Gate("cp-4", "ctr", proc, time.time(), gates=gated["gates"])
-    os.unlink(gated["gates"] / "cp-4.fifo")  # cancelled before podman got there
-    wait_for(lambda: proc.poll() is not None, 10, "runc-gate ended")
+    (gated["img"] / TOKEN).write_text("cp-4")  # its FIFO gone: cancelled before runc got there
+    gate = Gate.__new__(Gate)
+    gate.token, gate.name, gate.gates = "cp-4", "ctr", gated["gates"]
+    gate.proc = gated["run"]("swrk", "3")
+    wait_for(lambda: gate.proc.poll() is not None, 10, "the gate ended")
     with pytest.raises(Exception, match="did not reach its gate \\(podman exited 1\\)"):
         gate.wait(10)
     assert not gated["ran"].exists()

@@ -191,11 +191,12 @@ class NodeImage:
         (r / "etc/criu/runc.conf").write_text(CRIU_RUNC_CONF)
         for f in ("etc/criu/default.conf", "etc/criu/crun.conf"):
             (r / f).unlink(missing_ok=True)
-        # podman runs runc through the speculative restore's gate (runtime.speculative)
-        (r / "etc/containers/containers.conf").write_text(CONTAINERS_CONF + speculative.CONTAINERS_CONF_RUNTIMES)
-        gate = r / speculative.RUNC_GATE_PATH.lstrip("/")
+        (r / "etc/containers/containers.conf").write_text(CONTAINERS_CONF)
+        # runc finds the speculative restore's gate first in its PATH (runtime.speculative)
+        gate = r / speculative.CRIU_GATE_PATH.lstrip("/")
         gate.parent.mkdir(parents=True, exist_ok=True)
-        gate.write_text(speculative.RUNC_GATE)
+        gate.write_text(speculative.CRIU_GATE)
         gate.chmod(0o755)
+        (r / "usr/local/lib/podmigrate/runc-gate").unlink(missing_ok=True)  # the first gate, in front of runc
         (r / "etc/containers/registries.conf.d/50-podmigrate.conf").write_text(REGISTRIES_CONF)
         containerd.install_wrapper(r)

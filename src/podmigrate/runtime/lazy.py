@@ -153,11 +153,12 @@ class PodmanLazy(PodmanCLI):
 
     def skeleton(self, name: str) -> dict[str, Any]:
         """What a speculative restore of ``name`` needs from this node before the freeze
-        (``runtime.speculative``): podman's configuration as an export writes it, the OCI spec, the
-        addresses."""
+        (``runtime.speculative``): podman's configuration as an export writes it, runc's standard
+        descriptors, the OCI spec, the addresses."""
         cid, static = self._run("inspect", "-f", "{{.ID}}|{{.StaticDir}}", "--", name).stdout.strip().split("|")
         return {
             "config": speculative.read_config(cid),
+            "descriptors": speculative.read_descriptors(cid),
             "spec": json.loads((Path(static) / "config.json").read_text()),
             "network": self._network_status(name),
         }

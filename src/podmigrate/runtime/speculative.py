@@ -1,17 +1,19 @@
-"""The speculative restore (Podman backend): the target's podman does its part of a restore before the
-source is frozen, and waits at a gate in front of runc until the real images are there.
+"""The speculative restore (Podman backend): the target's podman and runc do their part of a restore
+before the source is frozen, and wait at a gate in front of CRIU until the real images are there.
 
-Everything podman does before CRIU (its start, database, storage, netavark, conmon: ~0.1-0.15 s of
-every restore here) needs only what exists before the freeze: the container's configuration
-(podman's ``ContainerConfig``, ``config.dump`` in an export), its OCI spec (``spec.dump``) and its
-addresses (``network.status``). The source reads them (``skeleton``); the target imports them as a
-checkpoint whose image directory holds a gate token and an empty inventory (podman only checks that
-one exists) (``start``). The node's podman runs runc through ``runc-gate``
-(``RUNC_GATE``, set in containers.conf by ``lab.image``): every call goes straight to runc but a
-restore whose image directory holds a token, which waits on that gate's FIFO. When the real images
-arrive, ``Gate.place`` puts them, the root file system's last changes and /dev/shm where podman's
-import would have, and ``Gate.release`` lets runc restore; ``Gate.cancel`` makes runc-gate exit 1, so
-that podman's restore fails, and removes what it left. Standard library only.
+Everything podman and runc do before CRIU (podman's start, database, storage, netavark, conmon;
+runc's start, its CRIU checks, cgroups, the root and its mounts: 0.12-0.16 s of every restore here)
+needs only what exists before the freeze: the container's configuration (podman's
+``ContainerConfig``, ``config.dump`` in an export), its OCI spec (``spec.dump``), its addresses
+(``network.status``) and standard descriptors (runc's ``descriptors.json``). The source reads them
+(``read_config``, ``read_descriptors``); the target imports them as a checkpoint whose image
+directory holds a gate token and an empty inventory (podman only checks that one exists)
+(``start``). The node's ``criu`` first in the PATH is a gate (``CRIU_GATE``, installed by
+``lab.image``): every run is /usr/sbin/criu's, but when runc restores from an image directory that
+holds a token, it waits on that gate's FIFO. When the real images arrive, ``Gate.place`` puts them,
+the root file system's last changes and /dev/shm where podman's import would have, and
+``Gate.release`` lets CRIU run; ``Gate.cancel`` makes the gate exit 1, so that runc's and podman's
+restore fail, and removes what they left. Standard library only.
 """
 
 from __future__ import annotations
@@ -32,38 +34,42 @@ from podmigrate.errors import RuntimeBackendError
 
 GATES = Path("/run/podmigrate/gates")
 TOKEN = "podmigrate-gate"  # in the image directory: this restore waits at the gate
-RUNC_GATE_PATH = "/usr/local/lib/podmigrate/runc-gate"
+CRIU_GATE_PATH = "/usr/local/sbin/criu"  # first in the PATH runc finds criu in
 PODMAN_DB = Path("/var/lib/containers/storage/db.sql")
-_RUNC_GATE = """#!/bin/sh
-# podmigrate's runc for podman (podmigrate.runtime.speculative): every call goes to runc as it is,
-# but a restore whose image directory holds a gate token waits for the node agent's word first
-img= bundle= prev= restore=
-for a in "$@"; do
-  case $prev in --image-path) img=$a ;; --bundle|-b) bundle=$a ;; esac
-  [ "$a" = restore ] && restore=1
-  prev=$a
-done
-if [ -n "$restore" ] && [ -n "$img" ] && [ -f "$img/@TOKEN@" ]; then
-  gate=@GATES@/$(tr -cd 'A-Za-z0-9_.-' <"$img/@TOKEN@")
-  [ -p "$gate.fifo" ] || exit 1
-  # the FIFO is open for reading before podman is said to wait: from then on the agent's death (its
-  # end closes) ends the wait with EOF; 300 s end a forgotten one
-  verdict=$(timeout 300 sh -c 'exec 3<"$1" && printf "%s\\n%s\\n" "$2" "$3" >"$4.tmp" && mv "$4.tmp" "$4.waiting" &&
-    head -n1 <&3' sh "$gate.fifo" "$img" "$bundle" "$gate")
-  [ "$verdict" = go ] || exit 1
+RUNC_STATE = Path("/run/runc")  # podman's runc root: <id>/state.json
+_CRIU_GATE = """#!/bin/sh
+# podmigrate's criu (podmigrate.runtime.speculative), first in the PATH: every run is @CRIU@'s, but
+# when runc restores a checkpoint whose image directory holds a gate token, it waits for the node
+# agent's word first. runc has that directory open (CRIU opens it through /proc/<runc>/fd) and by
+# now has done its own part: its checks, cgroups, the root and the mounts, descriptors.json read.
+if [ "$1" = swrk ] && read -r comm </proc/$PPID/comm && [ "$comm" = @PARENT@ ]; then
+  for f in /proc/$PPID/fd/*; do
+    [ -f "$f/@TOKEN@" ] || continue
+    img=$(readlink "$f") && gate=@GATES@/$(tr -cd 'A-Za-z0-9_.-' <"$f/@TOKEN@") || exit 1
+    [ -p "$gate.fifo" ] || exit 1
+    # the FIFO is open for reading before the restore is said to wait: from then on the agent's
+    # death (its end closes) ends the wait with EOF; 300 s end a forgotten one
+    verdict=$(timeout 300 sh -c 'exec 3<"$1" && printf "%s\\n%s\\n" "$2" "$3" >"$4.tmp" && mv "$4.tmp" "$4.waiting" &&
+      head -n1 <&3' sh "$gate.fifo" "$img" "${img%/*}" "$gate")
+    [ "$verdict" = go ] || exit 1
+    break
+  done
 fi
-exec @RUNC@ "$@"
+exec @CRIU@ "$@"
 """
 
 
-def runc_gate(gates: Path = GATES, runc: str = "/usr/sbin/runc") -> str:
-    """runc-gate's text: its gates' directory and the runc it runs."""
-    return _RUNC_GATE.replace("@TOKEN@", TOKEN).replace("@GATES@", str(gates)).replace("@RUNC@", runc)
+def criu_gate(gates: Path = GATES, criu: str = "/usr/sbin/criu", parent: str = "runc") -> str:
+    """The gate's text: its gates' directory, the criu it runs, the parent whose restores it holds."""
+    return (
+        _CRIU_GATE.replace("@TOKEN@", TOKEN)
+        .replace("@GATES@", str(gates))
+        .replace("@CRIU@", criu)
+        .replace("@PARENT@", parent)
+    )
 
 
-RUNC_GATE = runc_gate()
-# podman picks the first runtime path that exists: without the gate the node runs runc itself
-CONTAINERS_CONF_RUNTIMES = f'[engine.runtimes]\nrunc = ["{RUNC_GATE_PATH}", "/usr/sbin/runc"]\n'
+CRIU_GATE = criu_gate()
 
 
 def export_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -88,7 +94,7 @@ def export_config(config: dict[str, Any]) -> dict[str, Any]:
 
 class Gate:
     """One speculative restore: podman's process, the gate's FIFO (held open here) and, once podman
-    is there, the image directory and bundle runc-gate reported."""
+    is there, the image directory and bundle the gate reported."""
 
     def __init__(self, token: str, name: str, proc: subprocess.Popen[str], started: float, gates: Path = GATES):
         self.token, self.name, self.proc, self.started, self.gates = token, name, proc, started, gates
@@ -199,6 +205,18 @@ def _untar(tar: Path, into: Path) -> None:
         raise RuntimeBackendError(f"applying {tar.name} at the gate failed: {p.stderr.strip()[-300:]}")
 
 
+def read_descriptors(container_id: str, runc_state: Path = RUNC_STATE) -> list[str]:
+    """The container's standard descriptors as runc keeps them (``external_descriptors``), which its
+    dump writes into descriptors.json and a restore hands to CRIU as inherited pipes."""
+    try:
+        fds = json.loads((runc_state / container_id / "state.json").read_text())["external_descriptors"]
+    except (OSError, ValueError, KeyError) as e:
+        raise RuntimeBackendError(f"reading runc's state of {container_id[:12]} failed: {e}") from e
+    if not isinstance(fds, list) or not all(isinstance(x, str) for x in fds):
+        raise RuntimeBackendError(f"runc's state of {container_id[:12]} has no descriptors list")
+    return fds
+
+
 def read_config(container_id: str) -> dict[str, Any]:
     """Podman's configuration of a container, from its database, as an export writes it."""
     try:
@@ -227,6 +245,8 @@ def start(token: str, skeleton: dict[str, Any], where: Path, *, tcp_established:
             ("network.status", json.dumps(skeleton["network"]).encode()),
             (f"checkpoint/{TOKEN}", token.encode()),
             ("checkpoint/inventory.img", b""),
+            # read by runc before CRIU starts: the container's standard descriptors, as its dump writes them
+            ("checkpoint/descriptors.json", json.dumps(skeleton["descriptors"]).encode()),
         ):
             info = tarfile.TarInfo(member)
             info.size, info.mode, info.mtime = len(data), 0o600, int(time.time())
