@@ -8,10 +8,10 @@ waited for inside the blackout. Only sealed migrations prefetch: the target forg
 key when it is deleted, so an upload that arrives after a rollback is refused, and one already
 arriving is thrown away when it commits: nothing is left behind.
 
-Target: the committed upload is unpacked into ``<id>.pages/prefetch`` (renamed into place whole);
-CRIU's action script (``script``), run before any task's memory is read, swaps the
-rewritten images into the restore's image directory if they are there by then, and else lets the
-restore go on fully lazy. Standard library only.
+Target: the committed upload is moved whole to ``<id>.pages/prefetch.tar``; CRIU's action script
+(``script``), run before any task's memory is read, extracts the rewritten images into the
+restore's image directory if they are there by then, and else lets the restore go on fully lazy.
+Standard library only.
 """
 
 from __future__ import annotations
@@ -90,38 +90,36 @@ class Prefetches:
 
     # ------------------------------------------------------------------ target
     def unpack(self, upload: str) -> None:
-        """A committed ``<id>.prefetch`` upload: its images into ``<id>.pages/prefetch``, whole or not at all."""
+        """A committed ``<id>.prefetch`` upload: moved whole to ``<id>.pages/prefetch.tar`` (one
+        rename), where the restore's action script extracts it straight into CRIU's image directory;
+        unpacking it here first would be one more 16 MB copy on the restore's critical path."""
         cid = upload.removesuffix(SUFFIX)
-        started = time.time()  # the upload has just been committed
         tar = self.files.archive(upload)
-        dest = self.files.pages(cid) / "prefetch"
-        part = dest.with_name("prefetch.part")
         try:
             if not self.expected(cid):
                 return
-            part.mkdir(mode=0o700, parents=True, exist_ok=True)
-            p = subprocess.run(["tar", "-C", str(part), "-xf", str(tar)], capture_output=True, text=True)
-            if p.returncode == 0:
-                part.rename(dest)
-                (dest.parent / "prefetch.unpacked").write_text(f"{started} {time.time()}")
-            if not self.expected(cid):  # deleted while it was unpacked: what it made goes too
-                shutil.rmtree(self.files.pages(cid), ignore_errors=True)
+            pages = self.files.pages(cid)
+            pages.mkdir(mode=0o700, exist_ok=True)
+            arrived = time.time()
+            tar.rename(pages / "prefetch.tar")
+            (pages / "prefetch.arrived").write_text(str(arrived))
+            if not self.expected(cid):  # deleted meanwhile: what it made goes too
+                shutil.rmtree(pages, ignore_errors=True)
         finally:
-            shutil.rmtree(part, ignore_errors=True)
             tar.unlink(missing_ok=True)
 
 
 def script(images: Path, wait_s: float, defer: bool = True) -> str:
-    """CRIU's action script for a restore that expects a prefetch in ``images/prefetch``.
+    """CRIU's action script for a restore that expects a prefetch in ``images/prefetch.tar``.
 
     CRIU runs it at every step. The rewritten images must be in place before a restored task reads
     its pagemap (criu/mem.c ``prepare_mappings``, in the root task once CRIU has passed
     post-setup-namespaces; the lazy-pages daemon reads its copies even later, once the tasks
     register). So at pre-restore (no task yet) a prefetch already there is swapped in at once; if
     it is not there yet, the script waits for it at post-setup-namespaces, up to ``wait_s``, while
-    CRIU has restored the namespaces in the meantime. The swap hard-links (or copies) the images over
-    the ones podman unpacked (``CRTOOLS_IMAGE_DIR``: CRIU's open image directory) and the pagemaps
-    over the lazy-pages daemon's. A failed copy fails the restore, which rolls back: a half-copied
+    CRIU has restored the namespaces in the meantime. The swap extracts the images over the ones
+    podman unpacked (``CRTOOLS_IMAGE_DIR``: CRIU's open image directory) and the pagemaps over the
+    lazy-pages daemon's. A failed extraction fails the restore, which rolls back: a half-written
     pages image must never be restored. A restore without namespaces never reaches the second step:
     a prefetch not there at pre-restore is then left out (no outcome recorded). ``defer=False``
     waits at pre-restore instead (engine.paths "prefetch-wait-at-pre-restore", the old path)."""
@@ -129,36 +127,30 @@ def script(images: Path, wait_s: float, defer: bool = True) -> str:
     return f"""#!/bin/sh
 d='{images}'
 case "$CRTOOLS_SCRIPT_ACTION" in
-  pre-restore) [ -d "$d/prefetch" ] || [ {int(defer)} = 0 ] || {{ : > "$d/prefetch.asked"; exit 0; }} ;;
+  pre-restore) [ -e "$d/prefetch.tar" ] || [ {int(defer)} = 0 ] || {{ : > "$d/prefetch.asked"; exit 0; }} ;;
   post-setup-namespaces) [ -e "$d/prefetch.asked" ] && [ ! -e "$d/prefetch.used" ] || exit 0 ;;
   *) exit 0 ;;
 esac
 t0=$(date +%s.%N)
 n=0
-while [ ! -d "$d/prefetch" ]; do
+while [ ! -e "$d/prefetch.tar" ]; do
   if [ $n -ge {tries} ]; then echo "$t0 $(date +%s.%N)" > "$d/prefetch.missed"; exit 0; fi
   sleep 0.002; n=$((n+1))
 done
-for f in "$d"/prefetch/pages-*.img "$d"/prefetch/pagemap-*.img; do
-  [ -e "$f" ] || continue
-  b=${{f##*/}}
-  ln -f "$f" "$CRTOOLS_IMAGE_DIR/$b" 2>/dev/null || cp -f "$f" "$CRTOOLS_IMAGE_DIR/$b" || exit 1
-  case $b in pagemap-*) ln -f "$f" "$d/$b" || cp -f "$f" "$d/$b" || exit 1;; esac
-done
+tar -x -C "$CRTOOLS_IMAGE_DIR" -f "$d/prefetch.tar" || exit 1
+tar -x -C "$d" -f "$d/prefetch.tar" --wildcards '*pagemap-*.img' || exit 1
 echo "$t0 $(date +%s.%N)" > "$d/prefetch.used"
 """
 
 
 def outcome(images: Path) -> dict[str, Any] | None:
     """What the action script did: ``used`` or ``missed`` (too late), when it started and how long
-    it took, and when the prefetch arrived and how long its unpacking took (this node's clock);
-    None if the script did not run."""
-    unpacked: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):  # when it arrived here, and its unpacking
-        started, ended = (float(x) for x in (images / "prefetch.unpacked").read_text().split())
-        unpacked = {"arrived_at": started, "unpack_s": round(ended - started, 4)}
+    it took, and when the prefetch arrived (this node's clock); None if the script did not run."""
+    arrived: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        arrived = {"arrived_at": float((images / "prefetch.arrived").read_text())}
     for state in ("used", "missed"):
         with contextlib.suppress(OSError, ValueError):
             started, ended = (float(x) for x in (images / f"prefetch.{state}").read_text().split())
-            return {"outcome": state, "script_started": started, "script_s": round(ended - started, 4), **unpacked}
+            return {"outcome": state, "script_started": started, "script_s": round(ended - started, 4), **arrived}
     return None

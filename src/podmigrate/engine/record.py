@@ -121,7 +121,7 @@ class Lazy(TypedDict, total=False):
     all_pages_at: float
     waker: dict[str, Any]
     # the small mappings' pages sent beside the dump: the source's state (sent, failed + error, ...),
-    # bytes, mappings, read seconds, read_at, packed_at, sent_at; on the target arrived_at and unpack_s,
+    # bytes, mappings, read seconds, read_at, packed_at, sent_at; on the target arrived_at,
     # the restore's outcome (used, missed) and its script's start and seconds (one clock in the lab)
     prefetch: dict[str, Any]
 
