@@ -235,3 +235,18 @@ def test_a_pod_moves_decoupled_and_a_connection_through_its_sidecar_finishes_on_
     assert manage.state(lab, pod)["node"] == "node-b"
     for node, ctrs in manage.inventory(lab).items():  # nothing of the pod left on the source
         assert node == "node-b" or not [c for c in ctrs if c["name"].startswith(pod)]
+
+
+def test_the_nft_router_runs_nftables_in_the_lan_agents_own_process(nft_router):
+    """libnftables through ctypes (routing.libnft), not a started nft: the switch is inside the blackout."""
+    code = (
+        "import json; from podmigrate.routing import libnft; "
+        "data = json.loads(libnft.run('list map ip podmigrate owner', json=True)); "
+        "print(libnft._nft is not None, any('map' in o for o in data['nftables']))"
+    )
+    out = nft_router.run("lan", ["env", "PYTHONPATH=/opt/podmigrate", "python3", "-c", code]).stdout
+    assert out.split() == ["True", "True"], out
+    # nft's own error comes back as a RoutingError naming the command
+    bad = "from podmigrate.routing import libnft; libnft.run('list table ip no-such-table')"
+    p = nft_router.run("lan", ["env", "PYTHONPATH=/opt/podmigrate", "python3", "-c", bad], check=False)
+    assert p.returncode != 0 and "RoutingError: nft 'list table ip no-such-table' failed" in p.stderr, p.stderr

@@ -24,7 +24,7 @@ import subprocess
 import time
 from typing import Any
 
-from podmigrate.routing import check, kernel_next_hop, run
+from podmigrate.routing import check, kernel_next_hop, libnft, run
 
 TABLE = "podmigrate"
 RULE_PRIORITY = 1000  # ahead of the main table, where each node's container range is routed
@@ -104,17 +104,17 @@ class NftRouter:
     def _ensure_table(self) -> None:
         p = subprocess.run(["nft", "list", "table", "ip", TABLE], capture_output=True, text=True)
         if p.returncode:  # a restarted agent keeps the table and its owners as they are
-            run(["nft", "-f", "-"], RULESET)
+            libnft.run(RULESET)
 
     def _owners(self) -> dict[str, int]:
-        data = json.loads(run(["nft", "-j", "list", "map", "ip", TABLE, "owner"]))
+        data = json.loads(libnft.run(f"list map ip {TABLE} owner", json=True))
         for obj in data["nftables"]:
             if "map" in obj:
                 return {e[0]: int(e[1]) for e in obj["map"].get("elem", [])}
         return {}
 
     def _draining(self) -> set[str]:
-        data = json.loads(run(["nft", "-j", "list", "set", "ip", TABLE, "draining"]))
+        data = json.loads(libnft.run(f"list set ip {TABLE} draining", json=True))
         for obj in data["nftables"]:
             if "set" in obj:
                 return set(obj["set"].get("elem", []))
@@ -162,7 +162,7 @@ class NftRouter:
             )
         )
         t0 = time.time()
-        run(["nft", "-f", "-"], batch)
+        libnft.run(batch)
         t1 = time.time()
         return {"addr": addr, "via": via, "previous": before, "started": t0, "ended": t1, "draining": drain}
 
@@ -180,16 +180,13 @@ class NftRouter:
             if pinned == 0 or time.monotonic() >= deadline:
                 break
             time.sleep(0.01)
-        run(["nft", "destroy", "element", "ip", TABLE, "draining", f"{{ {addr} }}"])
+        libnft.run(f"destroy element ip {TABLE} draining {{ {addr} }}")
         return {"addr": addr, "drained_s": round(time.time() - t0, 4), "open": pinned, "forced": pinned > 0}
 
     def remove(self, addr: str) -> bool:
         addr = check(addr)
         existed = addr in self._owners()
-        run(
-            ["nft", "-f", "-"],
-            f"destroy element ip {TABLE} owner {{ {addr} }}\ndestroy element ip {TABLE} draining {{ {addr} }}\n",
-        )
+        libnft.run(f"destroy element ip {TABLE} owner {{ {addr} }}\ndestroy element ip {TABLE} draining {{ {addr} }}\n")
         return existed
 
     def teardown(self) -> None:
