@@ -197,7 +197,7 @@ class LazyPages:
                 )
         except BaseException:
             # whatever failed before the gate opened (a bad archive, say): the waiting restore goes
-            # now, not when runc-gate's own timeout ends it, which would hold the container's lock
+            # now, not when the gate's own timeout ends it, which would hold the container's lock
             if gate is not None and not gate.released:
                 gate.cancel()
             raise
