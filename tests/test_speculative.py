@@ -4,6 +4,7 @@ checkpoint."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import os
@@ -224,3 +225,32 @@ def test_a_restore_that_fails_before_its_gate_opens_cancels_the_waiting_podman_a
     with pytest.raises(RuntimeBackendError, match="not a checkpoint"):
         lazy.restore_lazy({"cid": "c1"}, {"speculative": True, "address": "10.77.0.11", "port": 27001})
     assert gate.cancelled == 1 and not speculations.gates
+
+
+def test_paths_a_checkpoint_names_never_reach_out_of_the_containers_root(tmp_path: Path):
+    """The workload controls its root: a symbolic link there to a node path must not let a deleted
+    or changed file of its checkpoint touch the node (they are applied chrooted into the root)."""
+    outside = tmp_path / "node"
+    outside.mkdir()
+    (outside / "victim").write_text("the node's")
+    root, img, bundle = tmp_path / "merged", tmp_path / "img", tmp_path / "bundle"
+    for d in (root, img, bundle):
+        d.mkdir()
+    (root / "etc2").symlink_to(outside)  # absolute: inside the chroot it points at nothing
+    (img / TOKEN).write_text("cp")
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": str(root)}}))
+    gate = Gate.__new__(Gate)
+    gate.img, gate.bundle = img, bundle
+    removal = tmp_path / "removal.tar"
+    removal.write_bytes(
+        _tar({"config.dump": b"{}", "checkpoint/inventory.img": b"i", "deleted.files": b'["/etc2/victim"]'})
+    )
+    gate.place(removal)
+    assert (outside / "victim").read_text() == "the node's"
+    planting = tmp_path / "planting.tar"
+    planting.write_bytes(
+        _tar({"config.dump": b"{}", "checkpoint/inventory.img": b"i", "rootfs-diff.tar": _tar({"etc2/planted": b"x"})})
+    )
+    with contextlib.suppress(RuntimeBackendError):  # refused, or written inside the root: never outside
+        gate.place(planting)
+    assert sorted(p.name for p in outside.iterdir()) == ["victim"]

@@ -27,8 +27,9 @@ import sqlite3
 import subprocess
 import tarfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from podmigrate.errors import RuntimeBackendError
 
@@ -141,20 +142,16 @@ class Gate:
             (self.img / TOKEN).unlink(missing_ok=True)
             spec = json.loads((self.bundle / "config.json").read_text())
             root = Path(spec["root"]["path"])
-            if (staging / "rootfs-diff.tar").exists():
-                _untar(staging / "rootfs-diff.tar", root)
-            if (staging / "deleted.files").exists():
-                for path in json.loads((staging / "deleted.files").read_text()):
-                    target = Path(os.path.normpath(root / str(path).lstrip("/")))
-                    if root in target.parents:  # never outside the container's root
-                        if target.is_dir() and not target.is_symlink():
-                            shutil.rmtree(target, ignore_errors=True)
-                        else:
-                            target.unlink(missing_ok=True)
+            diff, gone = staging / "rootfs-diff.tar", staging / "deleted.files"
+            deleted = [str(x) for x in json.loads(gone.read_text())] if gone.exists() else []
+            if diff.exists() or deleted:  # the archive is opened here: the chroot cannot see it
+                with open(diff, "rb") if diff.exists() else contextlib.nullcontext() as changed:
+                    within(root, lambda: _apply(changed, deleted), "the root file system's changes")
             shm = staging / "devshm-checkpoint.tar"
             shm_dir = json.loads((staging / "config.dump").read_text()).get("ShmDir") if shm.exists() else None
             if shm_dir and Path(shm_dir).is_dir():
-                _untar(shm, Path(shm_dir))
+                with open(shm, "rb") as contents:
+                    within(Path(shm_dir), lambda: _apply(contents, []), "/dev/shm's contents")
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
@@ -198,11 +195,47 @@ class Gate:
             (self.gates / f"{self.token}{suffix}").unlink(missing_ok=True)
 
 
-def _untar(tar: Path, into: Path) -> None:
-    # as podman's import: owners, modes and times kept (root on the node)
-    p = subprocess.run(["tar", "-C", str(into), "-xpf", str(tar), "--numeric-owner"], capture_output=True, text=True)
-    if p.returncode:
-        raise RuntimeBackendError(f"applying {tar.name} at the gate failed: {p.stderr.strip()[-300:]}")
+def within(root: Path, work: Callable[[], None], what: str) -> None:
+    """Run ``work`` in a child process chrooted into ``root``. The paths a checkpoint names (its
+    changed and deleted files) come from the workload, whose root may hold symbolic links to
+    anywhere: resolved inside the chroot, none of them reaches the node. A forked child, not a new
+    interpreter: this is inside the blackout, and ``work`` only needs what is loaded already."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: no return from here
+        code = 1
+        try:
+            os.close(r)
+            os.chroot(root)
+            os.chdir("/")
+            work()
+            code = 0
+        except BaseException as e:
+            with contextlib.suppress(OSError):
+                os.write(w, f"{type(e).__name__}: {e}".encode()[-500:])
+        finally:
+            os._exit(code)
+    os.close(w)
+    with os.fdopen(r, "rb") as f:
+        err = f.read().decode(errors="replace")
+    _, status = os.waitpid(pid, 0)
+    if os.waitstatus_to_exitcode(status):
+        raise RuntimeBackendError(f"applying {what} at the gate failed: {err or 'exit ' + str(status)}")
+
+
+def _apply(tar: IO[bytes] | None, deleted: list[str]) -> None:
+    """Inside the chroot (``within``): extract ``tar`` (opened before the chroot) as podman's import
+    does (owners, modes and times kept) and remove the ``deleted`` paths."""
+    if tar is not None:
+        with tarfile.open(fileobj=tar) as t:
+            t.extractall("/", numeric_owner=True, filter="fully_trusted")
+    for path in deleted:
+        target = "/" + path.lstrip("/")
+        if os.path.isdir(target) and not os.path.islink(target):
+            shutil.rmtree(target, ignore_errors=True)
+        else:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(target)
 
 
 def read_descriptors(container_id: str, runc_state: Path = RUNC_STATE) -> list[str]:
