@@ -23,7 +23,6 @@ from podmigrate.agent.http import App, safe_id
 from podmigrate.agent.memory import Reservations
 from podmigrate.agent.node_lazy import LazyPages, network_lock
 from podmigrate.agent.node_prefetch import Prefetches
-from podmigrate.agent.node_speculative import Speculations
 from podmigrate.agent.notice import SpotNotice
 from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
 from podmigrate.runtime.lazy import LazyPagesUnavailable
@@ -65,8 +64,7 @@ class NodeAgent:
         self.archive = ArchiveTransport(client, layout.AGENT_PORT)
         self.keys: dict[str, str] = {}  # checkpoint id -> its migration's seal key (memory only)
         self.prefetches = Prefetches(self.files, self.stream, lambda cid: safe_id(cid) in self.keys)
-        self.speculations = Speculations(rt, self.files)
-        self.lazy = LazyPages(app.name, rt, self.files, self.memory, self.criu_tls, self.prefetches, self.speculations)
+        self.lazy = LazyPages(app.name, rt, self.files, self.memory, self.criu_tls, self.prefetches)
 
     def criu_tls(self, *, server: bool) -> tuple[str, ...]:
         return self.identity.criu(server=server) if tls.enabled(self.setting) else ()
@@ -110,7 +108,6 @@ class NodeAgent:
         self.app.route("PUT", "/v1/checkpoints/(?P<cid>[^/]+)", peer=True)(self.upload)
         self.app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/commit", peer=True)(self.commit)
         self.lazy.register(self.app)
-        self.speculations.register(self.app)
         self.memory.register(self.app)
         self.notice.register(self.app)
 

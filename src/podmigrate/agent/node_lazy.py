@@ -49,7 +49,8 @@ class LazyPages:
         """``criu_tls(server=...)``: CRIU's TLS options for a listening or a connecting end;
         ``prefetches``: the node's prefetch sender and receiver (``agent.node_prefetch``)."""
         self.name, self.rt, self.files, self.memory, self.criu_tls = name, rt, files, memory, criu_tls
-        self.prefetches, self.speculations = prefetches, speculations
+        # the restores podman and runc started before the freeze (its routes are registered here too)
+        self.prefetches, self.speculations = prefetches, speculations or Speculations(rt, files)
         self.jobs: dict[str, subprocess.Popen[Any]] = {}
         self.lazy_ports: dict[str, int] = {}
         self.wakers: dict[str, FaultWaker] = {}
@@ -61,14 +62,14 @@ class LazyPages:
         app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/restore-lazy")(self.restore_lazy)
         app.route("GET", "/v1/checkpoints/(?P<cid>[^/]+)/lazy")(self.lazy_status)
         app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/abort-lazy")(self.abort_lazy)
+        self.speculations.register(app)
 
     def stop(self, cid: str) -> None:
         """What a deleted checkpoint leaves running here; the source's lazy dump is never killed:
         abort-lazy ends it safely."""
         if self.prefetches is not None:
             self.prefetches.stop(cid)
-        if self.speculations is not None:
-            self.speculations.stop(cid)
+        self.speculations.stop(cid)
         for role in ("ps", "dst"):
             job = self.jobs.pop(f"{role}-{cid}", None)
             if job is not None and job.poll() is None:
@@ -178,7 +179,7 @@ class LazyPages:
         # how long the restore may wait for a prefetch the source is sending (agent.node_prefetch)
         wait = max(0.0, min(float(b.get("prefetch_wait_s") or 0), 10.0))
         # podman's part of the restore, done before the freeze and waiting (agent.node_speculative)
-        gate = self.speculations.take(cid) if self.speculations is not None and b.get("speculative") else None
+        gate = self.speculations.take(cid) if b.get("speculative") else None
         try:
             with self.files.busy(cid):
                 res, daemon, waker = self.rt.lazy_restore(

@@ -1,7 +1,7 @@
 """The node agent's speculative restores (``runtime.speculative``): the source's skeleton of a container,
 the target's restores waiting at their gates, by checkpoint id.
 
-Routes skeleton and speculate, registered by ``agent.node``; ``agent.node_lazy`` takes a waiting
+Routes skeleton and speculate, registered with ``agent.node_lazy``'s, which takes a waiting
 restore for its checkpoint's lazy restore, and a deleted checkpoint's is cancelled (``stop``).
 """
 

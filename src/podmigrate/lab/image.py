@@ -197,6 +197,5 @@ class NodeImage:
         gate.parent.mkdir(parents=True, exist_ok=True)
         gate.write_text(speculative.CRIU_GATE)
         gate.chmod(0o755)
-        (r / "usr/local/lib/podmigrate/runc-gate").unlink(missing_ok=True)  # the first gate, in front of runc
         (r / "etc/containers/registries.conf.d/50-podmigrate.conf").write_text(REGISTRIES_CONF)
         containerd.install_wrapper(r)
