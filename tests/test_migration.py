@@ -326,6 +326,8 @@ def test_each_mode_and_transport_goes_there_and_back_with_the_heap_intact(lab, w
             assert list(rec["phase_s"]).index("pages") < list(rec["phase_s"]).index("verify")
         if mode == "lazy":  # the source was released only after every page had moved
             assert rec["lazy"]["source_rc"] == 0 and rec["lazy"]["daemon_rc"] == 0
+            # the pages stayed in the frozen source until asked for (podmigrate's CRIU, lab.criu_build)
+            assert rec["lazy"]["dump_mode"] == "read"
             # the 32 MB heap crossed the LAN on demand, counted on the source's LAN link
             assert 32 << 20 <= rec["bytes"]["pages"] < 64 << 20 and rec["bytes_moved"] >= rec["bytes"]["pages"]
             assert rec["bytes"]["archive"] < 8 << 20  # no memory pages in what was sent up front

@@ -19,11 +19,13 @@ import ast
 import inspect
 import subprocess
 import typing
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from podmigrate.runtime import criu_conf
 from podmigrate.runtime.base import NodeCapabilities, Runtime
 from podmigrate.runtime.podman import Podman
 
@@ -117,6 +119,7 @@ def test_node_capabilities_has_the_documented_keys_each_with_its_reason():
     assert hints == {
         "runtime": str,
         "criu": str,
+        "lazy_dump_read": bool,
         "lazy_pages": bool,
         "page_server": bool,
         "soft_dirty": bool,
@@ -131,7 +134,7 @@ def test_node_capabilities_has_the_documented_keys_each_with_its_reason():
 
 
 @pytest.fixture
-def fake_tools(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
+def fake_tools(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, ...]]]:
     """The version commands answer as on a lab node; which ran, in order, is recorded."""
     answers = {"criu": "Version: 4.2\n", "podman": "podman version 5.4.2\n", "runc": "runc version 1.3.0\n"}
     ran: list[tuple[str, ...]] = []
@@ -141,7 +144,9 @@ def fake_tools(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, ...]]:
         return subprocess.CompletedProcess(cmd, 0, answers[cmd[0]], "")
 
     monkeypatch.setattr(subprocess, "run", run)
-    return ran
+    criu_conf.has_option.cache_clear()  # asked once per process: this process asks the fakes
+    yield ran
+    criu_conf.has_option.cache_clear()
 
 
 def test_info_keeps_its_keys_and_adds_the_capabilities(fake_tools: list[tuple[str, ...]]):
@@ -156,7 +161,9 @@ def test_info_keeps_its_keys_and_adds_the_capabilities(fake_tools: list[tuple[st
     assert info["lazy_pages"] is caps["lazy_pages"] and info["soft_dirty"] is caps["soft_dirty"] is False
     assert set(caps) == set(typing.get_type_hints(NodeCapabilities))
     assert caps["criu"] == "4.2" and caps["page_server"] and caps["pods"] and caps["tcp_established"]
-    assert [c[0] for c in fake_tools] == ["criu", "podman", "runc"]  # as before: one call each, CRIU first
+    # CRIU's version and usage (a CRIU whose usage has no --lazy-dump-mode is a stock one), then the rest
+    assert fake_tools == [("criu", "--version"), ("criu", "--help"), ("podman", "--version"), ("runc", "--version")]
+    assert caps["lazy_dump_read"] is False
 
 
 def test_a_node_without_criu_has_no_page_server(monkeypatch: pytest.MonkeyPatch):

@@ -24,6 +24,7 @@ from podmigrate.agent.http import App
 from podmigrate.agent.memory import Reservations
 from podmigrate.agent.node_prefetch import Prefetches
 from podmigrate.agent.node_speculative import Speculations
+from podmigrate.runtime import criu_conf
 from podmigrate.runtime.uffd import FaultWaker
 from podmigrate.transport import pagerelay, seal
 from podmigrate.transport.stream import Seal
@@ -150,7 +151,7 @@ class LazyPages:
                 port,
                 tcp_established=b.get("tcp_established", True),
                 tls=self.criu_tls(server=True),
-                criu=network_lock(b),
+                criu=network_lock(b) + lazy_dump_mode(b),
             )
         self.lazy_ports[cid] = port
         images, pid = times.pop("images", None), times.pop("pid", None)
@@ -170,6 +171,7 @@ class LazyPages:
             "archive_bytes": self.files.archive(cid).stat().st_size,
             "stats": {},
             "prefetch": prefetching,
+            "dump_mode": "read" if lazy_dump_mode(b) else "splice",
         }
 
     def restore_lazy(self, p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -289,6 +291,15 @@ def network_lock(b: dict[str, Any]) -> tuple[str, ...]:
     """CRIU's option for a dump whose controller asked for the old network lock (engine.paths
     "iptables-network-lock"); the node's configuration says nftables."""
     return ("network-lock=iptables",) if b.get("network_lock") == "iptables" else ()
+
+
+def lazy_dump_mode(b: dict[str, Any]) -> tuple[str, ...]:
+    """CRIU's option that leaves a lazy dump's pages in the frozen tasks, where this node's CRIU has
+    it (``lab.criu_build``) and the controller did not ask for CRIU's own way (engine.paths
+    "lazy-dump-splice")."""
+    if b.get("lazy_dump") == "splice" or not criu_conf.has_option("--lazy-dump-mode"):
+        return ()
+    return ("lazy-dump-mode=read",)
 
 
 def orphaned_dump(cid: str) -> list[int]:

@@ -129,7 +129,7 @@ def render_status(st: dict[str, Any]) -> None:
             n["ip"],
             n["range"],
             "up" if "criu" in a else str(a.get("error")),
-            str(a.get("criu", "-")),
+            str(a.get("criu", "-")) + (" +podmigrate" if (a.get("capabilities") or {}).get("lazy_dump_read") else ""),
             ctrs or "-",
         )
     out.print(t)

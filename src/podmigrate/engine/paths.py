@@ -32,6 +32,9 @@ CHANGES = {
     "prefetch-wait-at-pre-restore": "a lazy restore waits for a prefetch still on its way at CRIU's pre-restore "
     "step, instead of at post-setup-namespaces, the last step before a restored task reads its pagemap "
     "(CRIU restores the namespaces meanwhile)",
+    "lazy-dump-splice": "a lazy dump pins every page into pipes inside the freeze (CRIU's own way: the parasite's "
+    "vmsplice, 1024 pages a pipe) instead of leaving the pages in the frozen tasks, read with process_vm_readv "
+    "when the target asks (lab.criu_build's patch; the step of a lazy dump that grew with the heap)",
     "restored-check-before-cutover": "the restored copy's state and addresses are checked after its first "
     "answer, not between the restore and the route switch",
 }

@@ -114,6 +114,7 @@ class Lazy(TypedDict, total=False):
     address: str  # the source's lazy-pages server
     port: int
     times: dict[str, Any]  # podman started, frozen by us, CRIU serving pages, target's part packed; timeline
+    dump_mode: str  # read: the pages stayed in the frozen tasks (lab.criu_build); splice: pinned in pipes
     lan_tx_before: int | None  # the source's LAN transmit counter when the copy started
     wake_faults: bool  # the target ran the fault waker (runtime/uffd.py)
     source_rc: int | None

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from podmigrate import layout
 from podmigrate.errors import LabError, PreflightError
-from podmigrate.lab import containerd
+from podmigrate.lab import containerd, criu_build
 from podmigrate.lab.host import Report
 from podmigrate.runtime import speculative
 
@@ -79,7 +79,8 @@ REGISTRIES_CONF = f'[[registry]]\nlocation = "{layout.REGISTRY}"\ninsecure = tru
 
 
 def spec_hash() -> str:
-    return hashlib.sha256(" ".join([SUITE, MIRROR, *PACKAGES, *CRIU_PACKAGES]).encode()).hexdigest()[:16]
+    words = [SUITE, MIRROR, *PACKAGES, *CRIU_PACKAGES, criu_build.spec()]
+    return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
 
 
 class NodeImage:
@@ -157,10 +158,12 @@ class NodeImage:
                 f"the node image has containerd {have}; 2.1 to 2.3 is needed",
                 hint="containerd 2.4 removed restore through CRI CreateContainer",
             )
+        report(f"building podmigrate's CRIU ({criu_build.VERSION} and its patch; a minute or two)")
+        criu_build.build(self.root, self.root.parent / "criu", MIRROR, self._run)
         self.marker.write_text(spec_hash())
 
     def criu_version(self) -> tuple[int, ...]:
-        p = subprocess.run(["chroot", str(self.root), "criu", "--version"], capture_output=True, text=True)
+        p = subprocess.run(["chroot", str(self.root), "/usr/sbin/criu", "--version"], capture_output=True, text=True)
         for line in p.stdout.splitlines():
             if line.startswith("Version:"):
                 return tuple(int(x) for x in line.split()[1].split(".")[:2])
@@ -195,7 +198,8 @@ class NodeImage:
         # runc finds the speculative restore's gate first in its PATH (runtime.speculative)
         gate = r / speculative.CRIU_GATE_PATH.lstrip("/")
         gate.parent.mkdir(parents=True, exist_ok=True)
-        gate.write_text(speculative.CRIU_GATE)
+        criu = criu_build.BINARY if criu_build.installed(r) else "/usr/sbin/criu"
+        gate.write_text(speculative.criu_gate(criu=criu))
         gate.chmod(0o755)
         (r / "etc/containers/registries.conf.d/50-podmigrate.conf").write_text(REGISTRIES_CONF)
         containerd.install_wrapper(r)

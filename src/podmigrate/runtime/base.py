@@ -48,6 +48,7 @@ class NodeCapabilities(TypedDict):
 
     runtime: str  # which backend the agent drives ("podman"): how to read the rest of its answers
     criu: str  # CRIU's version ("missing" without one): socket dumps on kernels >= 6.16 need 4.2
+    lazy_dump_read: bool  # CRIU can leave a lazy dump's pages in the frozen tasks (lab.criu_build's patch)
     lazy_pages: bool  # userfaultfd can be opened: a post-copy (lazy) restore faults its memory in through it
     page_server: bool  # CRIU can run a page server: a streamed dump sends its pages straight to the target
     soft_dirty: bool  # the kernel tracks dirtied pages: an iterative pre-copy (pre-dump) needs it

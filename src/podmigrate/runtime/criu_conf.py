@@ -7,9 +7,11 @@ Neighbours: ``podman_cli`` explains podman's failures with ``criu_log_tail``; ``
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -48,6 +50,16 @@ def criu_options(*lines: str) -> Iterator[None]:
             yield
         finally:
             CRIU_CONF.write_text(default)
+
+
+@functools.cache
+def has_option(option: str) -> bool:
+    """Whether the node's CRIU knows ``option`` (its usage names it), asked once per process."""
+    try:
+        p = subprocess.run(["criu", "--help"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return option in p.stdout
 
 
 def criu_log_tail(text: str, lines: int = 25) -> list[str]:

@@ -14,7 +14,7 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podmigrate.runtime import uffd
+from podmigrate.runtime import criu_conf, uffd
 from podmigrate.runtime.base import NodeCapabilities
 from podmigrate.runtime.lazy import PodmanLazy
 from podmigrate.runtime.podman_containers import PodmanContainers
@@ -72,6 +72,7 @@ class Podman(PodmanPods, PodmanLazy, PodmanContainers):
         return NodeCapabilities(
             runtime="podman",
             criu=criu.split()[-1] if criu.startswith("Version") else criu,
+            lazy_dump_read=criu_conf.has_option("--lazy-dump-mode"),
             lazy_pages=uffd.usable(),
             page_server=criu != "missing",  # every CRIU this backend runs with (>= 4.2) has one
             soft_dirty=False,  # not probed: no pre-dump runs here yet, and False refuses one rather than risk it

@@ -8,12 +8,12 @@ needs only what exists before the freeze: the container's configuration (podman'
 (``network.status``) and standard descriptors (runc's ``descriptors.json``). The source reads them
 (``read_config``, ``read_descriptors``); the target imports them as a checkpoint whose image
 directory holds a gate token and an empty inventory (podman only checks that one exists)
-(``start``). The node's ``criu`` first in the PATH is a gate (``CRIU_GATE``, installed by
-``lab.image``): every run is /usr/sbin/criu's, but when runc restores from an image directory that
-holds a token, it waits on that gate's FIFO. When the real images arrive, ``Gate.place`` puts them,
-the root file system's last changes and /dev/shm where podman's import would have, and
-``Gate.release`` lets CRIU run; ``Gate.cancel`` makes the gate exit 1, so that runc's and podman's
-restore fail, and removes what they left. Standard library only.
+(``start``). The node's ``criu`` first in the PATH is a gate (``criu_gate``, installed by
+``lab.image``): every run is the node's CRIU's (``lab.criu_build``'s where the image has it), but
+when runc restores from an image directory that holds a token, it waits on that gate's FIFO. When
+the real images arrive, ``Gate.place`` puts them, the root file system's last changes and /dev/shm
+where podman's import would have, and ``Gate.release`` lets CRIU run; ``Gate.cancel`` makes the gate
+exit 1, so that runc's and podman's restore fail, and removes what they left. Standard library only.
 """
 
 from __future__ import annotations

@@ -48,6 +48,8 @@ def lazy_checkpoint(ctx: Ctx) -> None:
     body: dict[str, Any] = {"checkpoint_id": rec["id"], "tcp_established": rec["plan"]["tcp_established"]}
     if paths.old("iptables-network-lock"):
         body["network_lock"] = "iptables"
+    if paths.old("lazy-dump-splice"):
+        body["lazy_dump"] = "splice"
     # sealed only: the target drops a deleted checkpoint's key, so a prefetch landing after a
     # rollback is refused there instead of left behind
     if PREFETCH_MB > 0 and ctx.seal() and not paths.old("lazy-prefetch"):
@@ -59,6 +61,7 @@ def lazy_checkpoint(ctx: Ctx) -> None:
     # podman started, CRIU serving pages (the tasks frozen and dumped but for their memory), the
     # target's part packed
     rec["lazy"] = {"address": res["address"], "port": res["port"], "times": res.get("times", {})}
+    rec["lazy"]["dump_mode"] = res.get("dump_mode", "splice")
     if res.get("prefetch"):
         rec["lazy"]["prefetch"] = {"source": "sending"}  # the pages phase puts the source's last word here
     rec.setdefault("criu", {})["dump"] = res["stats"]
