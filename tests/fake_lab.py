@@ -383,6 +383,11 @@ class World:
             source.containers.pop(node.checkpoints[p["cid"]]["name"], None)  # CRIU ends it once the pages moved
             return {**out, "wake_faults": b.get("wake_faults", False)}
 
+        @app.route("POST", "/v1/containers/(?P<n>[^/]+)/huge-pages")
+        def huge_pages(p: dict[str, str], b: dict[str, Any]) -> Any:
+            container(p["n"])
+            return {"mode": "madvise", "ranges": 0, "bytes": 0, "collapsed_bytes": 0, "failed": {}, "seconds": 0.0}
+
         @app.route("GET", "/v1/checkpoints/(?P<cid>[^/]+)/lazy")
         def lazy_status(p: dict[str, str], b: dict[str, Any]) -> Any:
             st = node.lazy.get(p["cid"], {"running": False, "rc": None})

@@ -141,7 +141,8 @@ def test_a_target_agent_killed_before_restore_rolls_back_once_it_is_back(lab, wo
         wait_for(lambda: (lab.dir / "agents" / "node-b.sock").exists(), 30, "node-b agent back")
 
 
-def test_a_lazy_dump_that_fails_cancels_the_restore_waiting_for_it_on_the_target(lab, workload):
+@pytest.mark.parametrize("plan", [{"mode": "lazy"}, {"mode": "stop-copy", "transport": "stream"}])
+def test_a_dump_that_fails_cancels_the_restore_waiting_for_it_on_the_target(lab, workload, plan):
     """The target's podman had done its part of the restore before the freeze (runtime.speculative)
     and waited at runc's gate: the failed dump's rollback makes it give up, and removes what it made."""
     st = workload(heap_mb=16)
@@ -152,7 +153,7 @@ def test_a_lazy_dump_that_fails_cancels_the_restore_waiting_for_it_on_the_target
         conf.write_text(good + "no-such-criu-option\n")
 
     try:
-        rec = fails_and_rolls_back(lab, st, "checkpoint", after("validate", break_criu), mode="lazy")
+        rec = fails_and_rolls_back(lab, st, "checkpoint", after("validate", break_criu), **plan)
     finally:
         conf.write_text(good)
     assert rec["speculative"]["state"] == "cancelled", rec["speculative"]

@@ -237,6 +237,7 @@ def test_a_pod_moves_decoupled_and_a_connection_through_its_sidecar_finishes_on_
         assert node == "node-b" or not [c for c in ctrs if c["name"].startswith(pod)]
 
 
+@pytest.mark.lab
 def test_the_nft_router_runs_nftables_in_the_lan_agents_own_process(nft_router):
     """libnftables through ctypes (routing.libnft), not a started nft: the switch is inside the blackout."""
     code = (

@@ -15,7 +15,7 @@ from podmigrate import layout
 from podmigrate.cli import main
 from podmigrate.engine.blackout import blackout, counters_monotonic
 from podmigrate.engine.controller import parse_probe
-from podmigrate.errors import PodmigrateError, RuntimeBackendError, TransportError, UsageError
+from podmigrate.errors import AgentError, PodmigrateError, RuntimeBackendError, TransportError, UsageError
 from podmigrate.transport.registry import split_reference
 
 SRC = Path(__file__).resolve().parent.parent / "src"
@@ -383,14 +383,20 @@ def test_probes_in_flight_at_the_stop_count_as_failed_before_the_service_is_back
 class _Target:
     """A target agent's lazy route answering from a script of daemon states."""
 
-    def __init__(self, states: list[dict[str, Any]]):
-        self.states, self.asked = states, 0
+    def __init__(self, states: list[dict[str, Any]], collapse: Exception | None = None):
+        self.states, self.asked, self.posted, self.collapse = states, 0, list[str](), collapse
 
     def get(self, path: str) -> dict[str, Any]:
         assert path == "/v1/checkpoints/m1/lazy"
         state = self.states[min(self.asked, len(self.states) - 1)]
         self.asked += 1
         return state
+
+    def post(self, path: str, body: Any = None) -> dict[str, Any]:
+        self.posted.append(path)
+        if self.collapse:
+            raise self.collapse
+        return {"collapsed_bytes": 1 << 30, "failed": {}}
 
 
 def _pages_ctx(target: _Target, lazy_local: bool = True) -> Any:
@@ -408,8 +414,16 @@ def test_a_streamed_restore_waits_for_its_local_daemon_and_fails_if_it_failed() 
     ctx = _pages_ctx(target)
     local_pages(ctx)
     assert target.asked == 3 and ctx.rec["local_pages"]["daemon_rc"] == 0
+    # once the last page is in, and only then, the copy's memory goes back into huge pages
+    assert target.posted == ["/v1/containers/web/huge-pages"] and ctx.rec["huge_pages"]["collapsed_bytes"] == 1 << 30
+    # the copy serves whatever the collapse did: its failure is recorded, not rolled back
+    broken = _pages_ctx(_Target([done], collapse=AgentError("agent node-b: no such route")))
+    local_pages(broken)
+    assert broken.rec["local_pages"]["daemon_rc"] == 0 and "no such route" in broken.rec["huge_pages"]["error"]
+    failed = _Target([{"dst": {"running": False, "rc": 1}}])
     with pytest.raises(PodmigrateError, match=r"failed \(exit 1\): the copy may miss pages"):
-        local_pages(_pages_ctx(_Target([{"dst": {"running": False, "rc": 1}}])))
+        local_pages(_pages_ctx(failed))
+    assert failed.posted == []
     eager = _Target([running])
     local_pages(_pages_ctx(eager, lazy_local=False))  # an eager restore: nothing to wait for
     assert eager.asked == 0
@@ -420,7 +434,6 @@ def test_a_streamed_restore_waits_for_its_local_daemon_and_fails_if_it_failed() 
 
 def test_the_pages_phase_waits_out_a_target_agent_that_is_briefly_unreachable(monkeypatch: Any) -> None:
     from podmigrate.engine.phases import lazy
-    from podmigrate.errors import AgentError
 
     class Flaky(_Target):
         def get(self, path: str) -> dict[str, Any]:

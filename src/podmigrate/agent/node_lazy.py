@@ -31,6 +31,7 @@ from podmigrate.transport.stream import Seal
 
 if TYPE_CHECKING:
     from podmigrate.agent.node import NodeRuntime
+    from podmigrate.runtime.speculative import Gate
 
 
 class LazyPages:
@@ -63,6 +64,7 @@ class LazyPages:
         app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/restore-lazy")(self.restore_lazy)
         app.route("GET", "/v1/checkpoints/(?P<cid>[^/]+)/lazy")(self.lazy_status)
         app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/abort-lazy")(self.abort_lazy)
+        app.route("POST", "/v1/containers/(?P<name>[^/]+)/huge-pages")(self.huge_pages)
         self.speculations.register(app)
 
     def stop(self, cid: str) -> None:
@@ -211,24 +213,37 @@ class LazyPages:
         speculative = ("used" if gate else "gone: restored after the dump") if b.get("speculative") else None
         return {**res, "wake_faults": waker is not None, "prefetch": used, "speculative": speculative}
 
-    def restore_from_pages(self, cid: str, b: dict[str, Any]) -> Any:
+    def restore_from_pages(self, cid: str, b: dict[str, Any], gate: Gate | None = None) -> Any:
         """A streamed dump's restore that leaves its memory in the images the page server wrote: a
         local lazy-pages daemon copies it in while the copy already runs, so the blackout does not
-        include reading the whole heap (``lazy`` reports the daemon until every page is in)."""
-        with self.files.busy(cid):
-            res, daemon, waker = self.rt.lazy_restore(
-                self.files.archive(cid),
-                self.files.pages(cid),
-                self.files.work(cid),
-                None,
-                None,
-                tcp_established=b.get("tcp_established", True),
-                wake_faults=b.get("wake_faults", True),
-            )
+        include reading the whole heap (``lazy`` reports the daemon until every page is in).
+        ``gate``: podman's part of this restore, done before the freeze and waiting."""
+        try:
+            with self.files.busy(cid):
+                res, daemon, waker = self.rt.lazy_restore(
+                    self.files.archive(cid),
+                    self.files.pages(cid),
+                    self.files.work(cid),
+                    None,
+                    None,
+                    tcp_established=b.get("tcp_established", True),
+                    wake_faults=b.get("wake_faults", True),
+                    gate=gate,
+                )
+        except BaseException:
+            if gate is not None and not gate.released:  # as in restore_lazy: not left to its timeout
+                gate.cancel()
+            raise
         self.jobs[f"dst-{cid}"] = daemon
         if waker:
             self.wakers[cid] = waker
-        return {**res, "image_pulled": b.get("image_pulled", False), "lazy_local": True}
+        speculative = ("used" if gate else "gone: restored after the dump") if b.get("speculative") else None
+        return {
+            **res,
+            "image_pulled": b.get("image_pulled", False),
+            "lazy_local": True,
+            "speculative": speculative,
+        }
 
     def lazy_status(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         out: dict[str, Any] = {}
@@ -249,6 +264,10 @@ class LazyPages:
             )
             out["lan_tx_bytes"] = int(line.split(":", 1)[1].split()[8])
         return out
+
+    def huge_pages(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        """After a lazy restore's last page: the copy's memory back in huge pages (``runtime.hugepages``)."""
+        return self.rt.huge_pages(p["name"])
 
     def abort_lazy(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         """Make a lazy dump that no target is pulling from give up: CRIU's page server gets a request

@@ -25,7 +25,8 @@ CHANGES = {
     "iptables-network-lock": "CRIU locks the container's network during a dump with iptables-restore (and a "
     "restore unlocks it with five more processes, inside the blackout) instead of nftables in CRIU's "
     "own process (lab.image's CRIU configuration)",
-    "restore-after-dump": "a lazy migration's target runs podman's whole restore once the dump has arrived, "
+    "restore-after-dump": "a lazy or streamed stop-copy migration's target runs podman's whole restore once the "
+    "dump has arrived, "
     "instead of podman's and runc's part before CRIU (their starts, podman's database, storage, network, "
     "conmon, runc's checks, cgroups and mounts) running before the source is frozen and waiting at a gate in "
     "front of CRIU for the real images (runtime.speculative)",
@@ -35,6 +36,11 @@ CHANGES = {
     "lazy-dump-splice": "a lazy dump pins every page into pipes inside the freeze (CRIU's own way: the parasite's "
     "vmsplice, 1024 pages a pipe) instead of leaving the pages in the frozen tasks, read with process_vm_readv "
     "when the target asks (lab.criu_build's patch; the step of a lazy dump that grew with the heap)",
+    "small-pages-after-lazy-restore": "a copy whose memory a lazy-pages daemon filled (userfaultfd, 4 KB at a "
+    "time) keeps the small pages until khugepaged merges them (minutes), instead of being collapsed back into "
+    "the huge pages it had once its last page is in (runtime.hugepages): its next freeze walks 512 times as many "
+    "page-table entries. Interleaved runs confound it (each run dumps the heap the run before restored): compare "
+    "whole runs",
     "restored-check-before-cutover": "the restored copy's state and addresses are checked after its first "
     "answer, not between the restore and the route switch",
 }

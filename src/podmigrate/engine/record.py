@@ -186,6 +186,9 @@ class Record(RunRecord, total=False):
     local_pages: dict[str, Any]  # that daemon's end: exit code, when the controller saw it, the fault waker
     cutover: Cutover
     checks: dict[str, bool]  # sha256_equal, counter_not_backwards, same_process_start
+    # after a lazy restore's last page: the copy's memory collapsed back into huge pages
+    # (runtime.hugepages: mode, ranges, bytes, collapsed_bytes, failed by errno, seconds) or an error
+    huge_pages: dict[str, Any]
     state: str  # kept | lost
     blackout: dict[str, Any]  # engine.blackout's figures from the probe log (and at_cutover, counters)
     drift: dict[str, Any]  # counter: ticks the source ran past the checkpoint; since_checkpoint_s

@@ -129,6 +129,7 @@ class Runtime(Protocol):
         self, images: Path, address: str, port: int, *, tls: tuple[str, ...] = ()
     ) -> subprocess.Popen[bytes]: ...  # receive a dump's pages into ``images``
     def skeleton(self, name: str) -> dict[str, Any]: ...  # what a speculative restore needs, before the freeze
+    def huge_pages(self, name: str) -> dict[str, Any]: ...  # a restored copy's memory back in huge pages
     def speculate(
         self, token: str, skeleton: dict[str, Any], where: Path, *, tcp_established: bool = True
     ) -> Gate: ...  # a restore of ``skeleton`` that waits at gate ``token`` for the real images

@@ -19,7 +19,7 @@ from typing import Any
 
 from podmigrate import names
 from podmigrate.errors import RuntimeBackendError
-from podmigrate.runtime import freezer
+from podmigrate.runtime import freezer, hugepages
 from podmigrate.runtime.base import ContainerInfo, RunSpec
 from podmigrate.runtime.criu_conf import CRIU_CONF, criu_spans, parse_stats
 from podmigrate.runtime.podman_cli import PodmanCLI
@@ -104,6 +104,11 @@ class PodmanContainers(PodmanCLI):
             "devices": [x.get("PathOnHost", "") for x in (d.get("HostConfig") or {}).get("Devices") or []],
             "ports": sorted(k for k, v in ((d.get("HostConfig") or {}).get("PortBindings") or {}).items() if v),
         }
+
+    def huge_pages(self, name: str) -> dict[str, Any]:
+        """Collapse the memory a lazy restore filled 4 KB at a time back into huge pages where the
+        workload would have them (``runtime.hugepages``)."""
+        return hugepages.collapse(self._tasks(name))
 
     def _tasks(self, name: str) -> list[int]:
         """Every process in the container's PID namespace (empty when it has none)."""

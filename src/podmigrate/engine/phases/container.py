@@ -18,8 +18,42 @@ from podmigrate.engine.phases.context import Ctx
 from podmigrate.errors import PodmigrateError
 
 
+def speculate(ctx: Ctx) -> None:
+    """Before the freeze: the target's podman does its part of the restore from the source's skeleton
+    of the container and waits at a gate for the real images (``runtime.speculative``). If it cannot,
+    the migration goes on without: the record says why."""
+    rec = ctx.rec
+    try:
+        skeleton = ctx.agent(rec["source"] or "").get(f"/v1/containers/{rec['container']}/skeleton")
+        res = ctx.agent(rec["target"]).post(
+            f"/v1/checkpoints/{rec['id']}/speculate",
+            {"skeleton": skeleton, "tcp_established": rec["plan"]["tcp_established"]},
+        )
+    except PodmigrateError as e:  # unreachable, refused, or a node without it: restored after the dump
+        rec["speculative"] = {"state": "not used", "why": str(e)[:300]}
+        return
+    rec["speculative"] = {"state": "waiting", "podman_s": round(res["at_gate"] - res["started"], 4)}
+
+
+def cancel_speculation(ctx: Ctx) -> None:
+    rec = ctx.rec
+    if (rec.get("speculative") or {}).get("state") == "waiting":
+        ctx.agent(rec["target"]).delete(f"/v1/checkpoints/{rec['id']}/speculate")
+        rec["speculative"]["state"] = "cancelled"
+
+
+def restores_from_local_pages(rec: Any) -> bool:
+    """Whether a streamed dump's restore leaves the memory in the target's images for a local
+    lazy-pages daemon (and so goes through ``runtime.lazy``, where a speculative restore waits)."""
+    caps = ((rec.get("nodes") or {}).get(rec["target"]) or {}).get("capabilities") or {}
+    return rec.get("transport") == "stream" and bool(caps.get("lazy_pages")) and not paths.old("eager-restore")
+
+
 def checkpoint(ctx: Ctx) -> None:
     rec = ctx.rec
+    # a stop-copy's blackout includes the restore: podman's and runc's part of it goes before the freeze
+    if rec["mode"] == "stop-copy" and restores_from_local_pages(rec) and not paths.old("restore-after-dump"):
+        speculate(ctx)
     res = ctx.agent(rec["source"] or "").post(
         f"/v1/containers/{rec['container']}/checkpoint",
         {
@@ -47,6 +81,7 @@ def checkpoint(ctx: Ctx) -> None:
 
 def undo_checkpoint(ctx: Ctx) -> str:
     rec = ctx.rec
+    cancel_speculation(ctx)
     src = ctx.agent(rec["source"] or "")
     c = {x["name"]: x for x in src.get("/v1/containers")}.get(rec["container"])
     out = "source container untouched"
@@ -152,12 +187,14 @@ def restore(ctx: Ctx) -> None:
     body: dict[str, Any] = {"tcp_established": rec["plan"]["tcp_established"]}
     if paths.old("restore-image-check"):
         body["image"] = rec["image"]
-    caps = ((rec.get("nodes") or {}).get(rec["target"]) or {}).get("capabilities") or {}
-    if rec.get("transport") == "stream" and caps.get("lazy_pages") and not paths.old("eager-restore"):
+    if restores_from_local_pages(rec):
         body["lazy_local"] = True  # the pages are in the target's images: copied in as the copy runs
         body["wake_faults"] = os.environ.get("PODMIGRATE_LAZY_WAKE", "1") != "0"  # as in lazy mode
+    body["speculative"] = (rec.get("speculative") or {}).get("state") == "waiting"
     res = ctx.agent(rec["target"]).post(f"/v1/checkpoints/{checkpoint_id(rec)}/restore", body)
     rec["lazy_local"] = bool(res.get("lazy_local"))
+    if res.get("speculative"):
+        rec["speculative"]["state"] = res["speculative"]
     rec["criu"]["restore"] = res["stats"]
     rec["restored_at"] = res["ended"]
     breakdown.note(rec, "target", res.get("timeline"))

@@ -11,7 +11,7 @@ import time
 from typing import Any
 
 from podmigrate.engine import breakdown, paths
-from podmigrate.engine.phases.container import checkpoint_id, expect_seal
+from podmigrate.engine.phases.container import cancel_speculation, checkpoint_id, expect_seal, speculate
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.errors import AgentError, PodmigrateError
 
@@ -22,23 +22,6 @@ PREFETCH_MB = int(os.environ.get("PODMIGRATE_LAZY_PREFETCH_MB", "32"))
 PREFETCH_WAIT_S = 0.5
 AGENT_PATIENCE_S = 30.0  # how long the pages phase waits for an unreachable target agent
 _pause = time.sleep  # the pages phase's polling pause (tests make it instant)
-
-
-def speculate(ctx: Ctx) -> None:
-    """Before the freeze: the target's podman does its part of the restore from the source's skeleton
-    of the container and waits at a gate for the real images (``runtime.speculative``). If it cannot,
-    the migration goes on without: the record says why."""
-    rec = ctx.rec
-    try:
-        skeleton = ctx.agent(rec["source"] or "").get(f"/v1/containers/{rec['container']}/skeleton")
-        res = ctx.agent(rec["target"]).post(
-            f"/v1/checkpoints/{rec['id']}/speculate",
-            {"skeleton": skeleton, "tcp_established": rec["plan"]["tcp_established"]},
-        )
-    except PodmigrateError as e:  # unreachable, refused, or a node without it: restored after the dump
-        rec["speculative"] = {"state": "not used", "why": str(e)[:300]}
-        return
-    rec["speculative"] = {"state": "waiting", "podman_s": round(res["at_gate"] - res["started"], 4)}
 
 
 def lazy_checkpoint(ctx: Ctx) -> None:
@@ -71,9 +54,7 @@ def lazy_checkpoint(ctx: Ctx) -> None:
 
 def undo_lazy_checkpoint(ctx: Ctx) -> str:
     rec = ctx.rec
-    if (rec.get("speculative") or {}).get("state") == "waiting":
-        ctx.agent(rec["target"]).delete(f"/v1/checkpoints/{rec['id']}/speculate")
-        rec["speculative"]["state"] = "cancelled"
+    cancel_speculation(ctx)
     src = ctx.agent(rec["source"] or "")
     res = src.post(f"/v1/checkpoints/{rec['id']}/abort-lazy", {"port": (rec.get("lazy") or {}).get("port")})
     src.delete(f"/v1/checkpoints/{rec['id']}")
@@ -139,9 +120,22 @@ def lazy_pages(ctx: Ctx) -> None:
             before, after = lazy.get("lan_tx_before"), status.get("lan_tx_bytes")
             if before is not None and after is not None:
                 rec.setdefault("bytes", {})["pages"] = after - before
+            huge_pages(ctx)
             return
         time.sleep(0.1)
     raise PodmigrateError("the lazy page transfer did not finish within 30 minutes")
+
+
+def huge_pages(ctx: Ctx) -> None:
+    """Every page is in: the copy's memory back in the huge pages userfaultfd could not give it
+    (``runtime.hugepages``). The copy serves either way, so a failure here is recorded, not rolled back."""
+    rec = ctx.rec
+    if paths.old("small-pages-after-lazy-restore"):
+        return
+    try:
+        rec["huge_pages"] = ctx.agent(rec["target"]).post(f"/v1/containers/{rec['container']}/huge-pages")
+    except PodmigrateError as e:
+        rec["huge_pages"] = {"error": str(e)[:300]}
 
 
 def local_pages(ctx: Ctx) -> None:
@@ -180,6 +174,7 @@ def local_pages(ctx: Ctx) -> None:
                 )
             # when the controller saw it done (its poll), not when the daemon exited
             rec["local_pages"] = {"daemon_rc": 0, "seen_done_at": time.time(), "waker": target.get("waker")}
+            huge_pages(ctx)
             return
         _pause(0.05)
     raise PodmigrateError("the local lazy-pages daemon did not finish within 30 minutes")
