@@ -184,33 +184,19 @@ class LazyPages:
         wait = max(0.0, min(float(b.get("prefetch_wait_s") or 0), 10.0))
         # podman's part of the restore, done before the freeze and waiting (agent.node_speculative)
         gate = self.speculations.take(cid) if b.get("speculative") else None
-        try:
-            with self.files.busy(cid):
-                res, daemon, waker = self.rt.lazy_restore(
-                    self.files.archive(cid),
-                    self.files.pages(cid),
-                    self.files.work(cid),
-                    names.ipv4(b.get("address")),
-                    names.port(b.get("port")),
-                    tcp_established=b.get("tcp_established", True),
-                    wake_faults=b.get("wake_faults", True),
-                    tls=self.criu_tls(server=False),
-                    action_script=node_prefetch.script(self.files.pages(cid), wait, defer=b.get("prefetch_defer", True))
-                    if wait
-                    else None,
-                    gate=gate,
-                )
-        except BaseException:
-            # whatever failed before the gate opened (a bad archive, say): the waiting restore goes
-            # now, not when the gate's own timeout ends it, which would hold the container's lock
-            if gate is not None and not gate.released:
-                gate.cancel()
-            raise
-        self.jobs[f"dst-{cid}"] = daemon
-        if waker:
-            self.wakers[cid] = waker
+        action = (
+            node_prefetch.script(self.files.pages(cid), wait, defer=b.get("prefetch_defer", True)) if wait else None
+        )
+        res, waker, speculative = self._restore(
+            cid,
+            b,
+            gate,
+            names.ipv4(b.get("address")),
+            names.port(b.get("port")),
+            tls=self.criu_tls(server=False),
+            action_script=action,
+        )
         used = node_prefetch.outcome(self.files.pages(cid)) if wait else None
-        speculative = ("used" if gate else "gone: restored after the dump") if b.get("speculative") else None
         return {**res, "wake_faults": waker is not None, "prefetch": used, "speculative": speculative}
 
     def restore_from_pages(self, cid: str, b: dict[str, Any], gate: Gate | None = None) -> Any:
@@ -218,32 +204,37 @@ class LazyPages:
         local lazy-pages daemon copies it in while the copy already runs, so the blackout does not
         include reading the whole heap (``lazy`` reports the daemon until every page is in).
         ``gate``: podman's part of this restore, done before the freeze and waiting."""
+        res, _, speculative = self._restore(cid, b, gate, None, None)
+        return {**res, "image_pulled": b.get("image_pulled", False), "lazy_local": True, "speculative": speculative}
+
+    def _restore(
+        self, cid: str, b: dict[str, Any], gate: Gate | None, *source: Any, **opts: Any
+    ) -> tuple[dict[str, Any], FaultWaker | None, str | None]:
+        """The runtime's lazy restore of checkpoint ``cid`` (``source``: the dump's address and port,
+        or None, None for pages already here); its daemon kept as the checkpoint's ``dst``. Whatever
+        fails before the gate opened (a bad archive, say) cancels the waiting restore now, not when
+        the gate's own timeout ends it, which would hold the container's lock."""
         try:
             with self.files.busy(cid):
                 res, daemon, waker = self.rt.lazy_restore(
                     self.files.archive(cid),
                     self.files.pages(cid),
                     self.files.work(cid),
-                    None,
-                    None,
+                    *source,
                     tcp_established=b.get("tcp_established", True),
                     wake_faults=b.get("wake_faults", True),
                     gate=gate,
+                    **opts,
                 )
         except BaseException:
-            if gate is not None and not gate.released:  # as in restore_lazy: not left to its timeout
+            if gate is not None and not gate.released:
                 gate.cancel()
             raise
         self.jobs[f"dst-{cid}"] = daemon
         if waker:
             self.wakers[cid] = waker
         speculative = ("used" if gate else "gone: restored after the dump") if b.get("speculative") else None
-        return {
-            **res,
-            "image_pulled": b.get("image_pulled", False),
-            "lazy_local": True,
-            "speculative": speculative,
-        }
+        return res, waker, speculative
 
     def lazy_status(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         out: dict[str, Any] = {}
