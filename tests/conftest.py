@@ -1,5 +1,6 @@
 """Shared fixtures. Tests marked ``lab`` run against a real lab named ``pmtest`` (root, CRIU, Podman);
-the lab is started once per session and removed at the end (PODMIGRATE_KEEP_LAB=1 keeps it)."""
+the lab is started once per session and removed at the end (PODMIGRATE_KEEP_LAB=1 keeps it); a lab
+that was up before the session is used and left up."""
 
 from __future__ import annotations
 
@@ -50,10 +51,12 @@ def lab() -> Iterator[Any]:
     from podmigrate.workload.image import ready_lab
 
     the_lab = Lab(LAB_NAME)
+    # a lab that was up already is someone else's (a CI run, a benchmark): used, never taken down
+    ours = not the_lab.is_up()
     # with the workload image: some tests run it with plain podman, not through manage.start
     ready_lab(the_lab, nodes=2, report=lambda m: print(f"[lab] {m}", flush=True))
     yield the_lab
-    if os.environ.get("PODMIGRATE_KEEP_LAB") != "1":
+    if ours and os.environ.get("PODMIGRATE_KEEP_LAB") != "1":
         the_lab.down()
 
 

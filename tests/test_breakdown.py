@@ -162,3 +162,18 @@ def test_the_benchmark_says_how_often_the_lazy_prefetch_was_in_time() -> None:
         "too late in 1, not sent in 1"
     )
     assert prefetches([{"method": "cold restart", "warmup": False}]) is None
+
+
+def test_the_benchmark_says_how_much_memory_went_back_into_huge_pages() -> None:
+    from podmigrate.bench.breakdown import huge_pages
+
+    def row(asked: int, done: int, s: float, warmup: bool = False) -> dict[str, Any]:
+        return {"warmup": warmup, "huge_pages": {"bytes": asked << 20, "collapsed_bytes": done << 20, "seconds": s}}
+
+    rows = [row(1022, 1022, 0.5), row(1022, 1000, 1.5), row(60, 60, 0.1), row(1022, 0, 9.0, warmup=True)]
+    rows.append({"warmup": False, "huge_pages": {}})  # a cold restart: nothing to collapse
+    assert huge_pages(rows) == (
+        "huge pages: 2082 of 2104 MB collapsed back after 3 lazily filled restores "
+        "(median 0.50 s each, after the blackout)"
+    )
+    assert huge_pages([{"warmup": False, "huge_pages": {}}]) is None

@@ -86,6 +86,20 @@ def prefetches(rows: list[dict[str, Any]]) -> str | None:
     )
 
 
+def huge_pages(rows: list[dict[str, Any]]) -> str | None:
+    """How much of the lazily filled copies' memory went back into huge pages (runtime.hugepages)."""
+    got = [r["huge_pages"] for r in rows if r.get("huge_pages") and not r.get("warmup")]
+    if not got:
+        return None
+    asked = sum(g.get("bytes", 0) for g in got)
+    done = sum(g.get("collapsed_bytes", 0) for g in got)
+    secs = statistics.median(g.get("seconds", 0.0) for g in got)
+    return (
+        f"huge pages: {done / 2**20:.0f} of {asked / 2**20:.0f} MB collapsed back after {len(got)} lazily "
+        f"filled restores (median {secs:.2f} s each, after the blackout)"
+    )
+
+
 def markdown(tab: list[dict[str, Any]], ratio_rows: list[dict[str, Any]]) -> str:
     lines = ["", "Where the blackout goes (the run with the median blackout, seconds):", ""]
     for t in tab:

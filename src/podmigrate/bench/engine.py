@@ -70,6 +70,10 @@ def _row(label: str, heap: int, rec: Mapping[str, Any], warmup: bool = False) ->
             k: v for k, v in ((rec.get("lazy") or {}).get("prefetch") or {}).items() if k in ("outcome", "bytes")
         },
         "runtime_s": rec.get("runtime_s"),  # Podman's own paths: what runc and CRIU took inside them
+        # after a lazily filled restore: how much of the copy's memory went back into huge pages
+        "huge_pages": {
+            k: v for k, v in (rec.get("huge_pages") or {}).items() if k in ("bytes", "collapsed_bytes", "seconds")
+        },
     }
 
 
@@ -126,6 +130,9 @@ def run(
         report(memory.describe(warm_effect))
     if prefetched := breakdown.prefetches(rows):
         report(prefetched)
+    if collapsed := breakdown.huge_pages(rows):
+        report(collapsed)
+        prefetched = f"{prefetched}.\n\n{collapsed}" if prefetched else collapsed
     cost = security_cost(tab) if len(security) > 1 else []
     changed = paired(tab, "new path", f"old path: {','.join(old_paths)}") if old_paths else []
     loaded = paired(tab, "load on", "load off") if len(load) > 1 else []
