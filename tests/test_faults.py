@@ -20,7 +20,9 @@ CELLS = [
     Cell("sigterm", "stop", "cold", "none"),
     Cell("controller-killed", "checkpoint", "stop-copy", "stream"),
     Cell("controller-killed", "restore", "lazy", "stream"),
+    # the target's restore waited at its gate when its agent died: the next agent removes what it left
     Cell("target-agent-killed", "checkpoint", "stop-copy", "stream"),
+    Cell("target-agent-killed", "checkpoint", "lazy", "stream"),
     Cell("source-agent-killed", "checkpoint", "decoupled", "stream"),
     # a lazy dump whose agent died once held podman's lock for ever: the restarted agent gives it up
     Cell("source-agent-killed", "checkpoint", "lazy", "stream"),

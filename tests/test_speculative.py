@@ -254,3 +254,30 @@ def test_paths_a_checkpoint_names_never_reach_out_of_the_containers_root(tmp_pat
     with contextlib.suppress(RuntimeBackendError):  # refused, or written inside the root: never outside
         gate.place(planting)
     assert sorted(p.name for p in outside.iterdir()) == ["victim"]
+
+
+def test_a_dead_agents_waiting_restore_is_cleaned_by_the_next_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The agent died with a restore at its gate: the gate read EOF, podman failed and left the
+    container created. Only the name file says so; a released gate's restore is CRIU's, not an orphan."""
+    podman: list[list[str]] = []
+    running = {"web": "false", "api": "true"}
+
+    def run(argv: list[str], **kw: Any) -> subprocess.CompletedProcess[str]:
+        podman.append(argv[1:])
+        return subprocess.CompletedProcess(argv, 0, running.get(argv[-1], "") + "\n", "")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    for token, name in (("m1", "web"), ("m2", "api")):
+        (tmp_path / f"{token}.name").write_text(name)
+        (tmp_path / f"{token}.waiting").write_text("/img\n/bundle\n")
+        os.mkfifo(tmp_path / f"{token}.fifo")
+    (tmp_path / "m3.fifo").touch()  # a live gate released: no name file
+    assert speculative.orphans(tmp_path) == ["m1", "m2"]
+    assert speculative.clean_orphan("m1", tmp_path) == "web"
+    assert ["rm", "-f", "-t", "0", "--", "web"] in podman and ["rm", "--storage", "--", "web"] in podman
+    podman.clear()
+    # a container of that name that runs is not a failed restore's: only the files go
+    assert speculative.clean_orphan("m2", tmp_path) == "api"
+    assert podman == [["inspect", "-f", "{{.State.Running}}", "--", "api"]]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m3.fifo"]
+    assert speculative.clean_orphan("m1", tmp_path) is None and speculative.orphans(tmp_path) == []

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App, safe_id
+from podmigrate.runtime import speculative
 from podmigrate.runtime.speculative import Gate
 
 if TYPE_CHECKING:
@@ -25,6 +26,8 @@ class Speculations:
         self.rt, self.files = rt, files
         self.gates: dict[str, Gate] = {}
         self._lock = threading.Lock()
+        for token in speculative.orphans():  # a restarted agent: the dead one's waiting restores failed
+            speculative.clean_orphan(token)
 
     def register(self, app: App) -> None:
         app.route("GET", "/v1/containers/(?P<name>[^/]+)/skeleton")(self.skeleton)
@@ -67,7 +70,7 @@ class Speculations:
     def stop(self, cid: str) -> bool:
         with self._lock:
             gate = self.gates.pop(safe_id(cid), None)
-        if gate is None:
-            return False
+        if gate is None:  # none of this agent's, but perhaps a dead one's
+            return speculative.clean_orphan(safe_id(cid)) is not None
         gate.cancel()
         return True

@@ -156,6 +156,8 @@ class Gate:
             shutil.rmtree(staging, ignore_errors=True)
 
     def release(self) -> None:
+        # from here the restore is CRIU's: what it leaves is a failed restore's, not an orphan's
+        (self.gates / f"{self.token}.name").unlink(missing_ok=True)
         self.released = True
         os.write(self.fd, b"go\n")
 
@@ -191,8 +193,38 @@ class Gate:
     def _close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fd)
-        for suffix in (".fifo", ".waiting", ".tmp"):
+        for suffix in _SUFFIXES:
             (self.gates / f"{self.token}{suffix}").unlink(missing_ok=True)
+
+
+_SUFFIXES = (".fifo", ".waiting", ".tmp", ".name")
+
+
+def orphans(gates: Path = GATES) -> list[str]:
+    """The tokens of restores that an agent started and never released nor cancelled: it died (a
+    live agent's own gates are in its memory, and ``start`` and ``release`` keep the name file only
+    in between)."""
+    return sorted(p.name.removesuffix(".name") for p in gates.glob("*.name")) if gates.is_dir() else []
+
+
+def clean_orphan(token: str, gates: Path = GATES) -> str | None:
+    """Remove what a dead agent's waiting restore left: its gate's files and, unless it runs, the
+    container podman created for it (the gate read EOF when the agent died, so runc and podman failed
+    and left it created). Returns the container's name, None when there was no such restore."""
+    try:
+        name = (gates / f"{token}.name").read_text().strip()
+    except OSError:
+        return None
+    if name:
+        state = subprocess.run(
+            ["podman", "inspect", "-f", "{{.State.Running}}", "--", name], capture_output=True, text=True
+        )
+        if state.stdout.strip() != "true":
+            for args in (["rm", "-f", "-t", "0"], ["rm", "--storage"]):
+                subprocess.run(["podman", *args, "--", name], capture_output=True)
+    for suffix in _SUFFIXES:
+        (gates / f"{token}{suffix}").unlink(missing_ok=True)
+    return name
 
 
 def within(root: Path, work: Callable[[], None], what: str) -> None:
@@ -267,9 +299,11 @@ def start(token: str, skeleton: dict[str, Any], where: Path, *, tcp_established:
     """Start podman's restore of ``skeleton`` (its archive written to ``where``); it stops at the
     gate named ``token``, where the caller waits for it (``Gate.wait``)."""
     GATES.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for suffix in (".fifo", ".waiting", ".tmp"):
+    for suffix in _SUFFIXES:
         (GATES / f"{token}{suffix}").unlink(missing_ok=True)
     os.mkfifo(GATES / f"{token}.fifo", 0o600)
+    # for the next agent, should this one die before the gate opens (``clean_orphan``)
+    (GATES / f"{token}.name").write_text(str(skeleton["config"].get("name") or ""))
     with tarfile.open(where, "w") as t:
         os.chmod(where, 0o600)  # the configuration may hold the container's secrets (its environment)
         for member, data in (
