@@ -261,15 +261,12 @@ class NodeAgent:
         cid = p["cid"]
         pages = self.files.pages(cid)
         self.memory.release(cid)  # if nothing released it yet
-        # podman's part of the restore, done before the freeze and waiting at its gate (a stop-copy's)
-        gate = self.lazy.speculations.take(cid) if b.get("speculative") else None
         if b.get("lazy_local") and pages.is_dir():
             try:
-                return self.lazy.restore_from_pages(cid, b, gate)
+                return self.lazy.restore_from_pages(cid, b)
             except LazyPagesUnavailable as e:  # nothing restored yet: read the pages first instead
                 print(f"restore of {cid}: {e}; restoring with the pages read first", file=sys.stderr, flush=True)
-        if gate is not None:  # the gate only opens through the lazy-pages path: this restore goes without it
-            gate.cancel()
+        self.lazy.speculations.stop(cid)  # a restore waiting at its gate holds the name: this one goes without
         # auto-dedup: CRIU punches each page out of the images once it is restored, so the page cache
         # the images fill is freed while the heap fills up and its (already touched) memory is reused,
         # instead of a second heap's worth of fresh memory (seconds per GB on a VM). Only here, on the

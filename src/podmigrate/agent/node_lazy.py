@@ -199,11 +199,12 @@ class LazyPages:
         used = node_prefetch.outcome(self.files.pages(cid)) if wait else None
         return {**res, "wake_faults": waker is not None, "prefetch": used, "speculative": speculative}
 
-    def restore_from_pages(self, cid: str, b: dict[str, Any], gate: Gate | None = None) -> Any:
+    def restore_from_pages(self, cid: str, b: dict[str, Any]) -> Any:
         """A streamed dump's restore that leaves its memory in the images the page server wrote: a
         local lazy-pages daemon copies it in while the copy already runs, so the blackout does not
-        include reading the whole heap (``lazy`` reports the daemon until every page is in).
-        ``gate``: podman's part of this restore, done before the freeze and waiting."""
+        include reading the whole heap (``lazy`` reports the daemon until every page is in); a
+        stop-copy's podman part of it may be waiting at its gate since before the freeze."""
+        gate = self.speculations.take(cid) if b.get("speculative") else None
         res, _, speculative = self._restore(cid, b, gate, None, None)
         return {**res, "image_pulled": b.get("image_pulled", False), "lazy_local": True, "speculative": speculative}
 

@@ -128,11 +128,9 @@ def run(
     if warm_memory_gib != 0 and (warm_effect := memory.effect(rows, max(heaps))):
         warmed["effect"] = warm_effect
         report(memory.describe(warm_effect))
-    if prefetched := breakdown.prefetches(rows):
-        report(prefetched)
-    if collapsed := breakdown.huge_pages(rows):
-        report(collapsed)
-        prefetched = f"{prefetched}.\n\n{collapsed}" if prefetched else collapsed
+    notes = [n for n in (breakdown.prefetches(rows), breakdown.huge_pages(rows)) if n]
+    for note in notes:
+        report(note)
     cost = security_cost(tab) if len(security) > 1 else []
     changed = paired(tab, "new path", f"old path: {','.join(old_paths)}") if old_paths else []
     loaded = paired(tab, "load on", "load off") if len(load) > 1 else []
@@ -156,7 +154,7 @@ def run(
     }
     (out_dir / "bench.json").write_text(json.dumps(summary, indent=2))
     md = markdown(tab) + (f"\n{memory.describe(warmed['effect'])}.\n" if "effect" in warmed else "")
-    md += f"\n{prefetched}.\n" if prefetched else ""
+    md += "".join(f"\n{note}.\n" for note in notes)
     md += breakdown.markdown(tab, targets) + (security_markdown(cost) if cost else "")
     md += paired_markdown(changed, "new path", "old path") if changed else ""
     md += paired_markdown(loaded, "load on", "load off") if loaded else ""

@@ -25,11 +25,10 @@ CHANGES = {
     "iptables-network-lock": "CRIU locks the container's network during a dump with iptables-restore (and a "
     "restore unlocks it with five more processes, inside the blackout) instead of nftables in CRIU's "
     "own process (lab.image's CRIU configuration)",
-    "restore-after-dump": "a lazy or streamed stop-copy migration's target runs podman's whole restore once the "
-    "dump has arrived, "
-    "instead of podman's and runc's part before CRIU (their starts, podman's database, storage, network, "
-    "conmon, runc's checks, cgroups and mounts) running before the source is frozen and waiting at a gate in "
-    "front of CRIU for the real images (runtime.speculative)",
+    "restore-after-dump": "a lazy or streamed stop-copy migration's target runs podman's whole restore once "
+    "the dump has arrived, instead of podman's and runc's part before CRIU (their starts, podman's database, "
+    "storage, network, conmon, runc's checks, cgroups and mounts) running before the source is frozen and "
+    "waiting at a gate in front of CRIU for the real images (runtime.speculative)",
     "prefetch-wait-at-pre-restore": "a lazy restore waits for a prefetch still on its way at CRIU's pre-restore "
     "step, instead of at post-setup-namespaces, the last step before a restored task reads its pagemap "
     "(CRIU restores the namespaces meanwhile)",

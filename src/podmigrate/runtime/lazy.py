@@ -224,7 +224,7 @@ class PodmanLazy(PodmanCLI):
         re-raises the faults the daemon drops (see ``runtime.uffd``). ``action_script``: a script
         CRIU runs at each step of the restore (``agent.node_prefetch``). ``gate``: a speculative
         restore waiting for these images (``runtime.speculative``), released instead of running
-        podman's restore now."""
+        podman's restore now; the caller cancels it when this fails."""
         started = time.time()
         images.mkdir(mode=0o700, exist_ok=True)
         work.mkdir(mode=0o700, exist_ok=True)
@@ -264,10 +264,9 @@ class PodmanLazy(PodmanCLI):
         if gate is not None:  # while the daemon starts
             try:
                 gate.place(archive)
-            except Exception:
+            except Exception:  # the caller cancels the gate (agent.node_lazy)
                 daemon.kill()
                 daemon.wait()
-                gate.cancel()
                 raise
         deadline = time.monotonic() + 30
         while not (work / "lazy-pages.socket").exists():
@@ -313,12 +312,12 @@ class PodmanLazy(PodmanCLI):
             daemon.wait()
             if waker:
                 waker.stop()
-            if gate is not None and not gate.released:
-                gate.cancel()
             raise
         ended = time.time()
-        step = "unpacking, placing at the gate, lazy-pages daemon start" if gate else None
-        timeline = [[step or "unpacking, lazy-pages daemon start", started, t0]]
+        step = (
+            "unpacking, placing at the gate, lazy-pages daemon start" if gate else "unpacking, lazy-pages daemon start"
+        )
+        timeline = [[step, started, t0]]
         timeline += criu_spans(
             "restore", t0, noted.times.get("opened_at") if noted else None, work / "restore.log", ended
         )
