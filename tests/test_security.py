@@ -295,10 +295,49 @@ def test_the_target_opens_a_sealed_upload_only_with_the_key_its_controller_gave_
         _upload(agent, "m1", _sealed(DATA, seal.new_key(), "m1/m1"), "m1")  # replayed from elsewhere
     assert not list(agent.files.root.iterdir()), "a refused upload leaves nothing behind"
     got = _upload(agent, "m1", blob, "m1")
-    assert got == {"bytes": len(blob), "sha256": hashlib.sha256(DATA).hexdigest()}
-    agent.commit({"cid": "m1"}, {"sha256": hashlib.sha256(DATA).hexdigest()})
+    assert got == {"bytes": len(blob), "sha256": None}  # the seal proved every byte: nothing hashed
+    assert agent.commit({"cid": "m1"}, {"sealed": True}) == {"sha256": None, "sealed": True}
     assert agent.files.archive("m1").read_bytes() == DATA
     assert oct(agent.files.archive("m1").stat().st_mode & 0o777) == "0o600"
+
+
+def test_a_sealed_upload_is_committed_by_its_seal_or_by_both_ends_sha256_but_never_unproven(agent: NodeAgent) -> None:
+    key = seal.new_key()
+    agent.expect_seal({"cid": "m1"}, {"seal": key})
+    blob = _sealed(DATA, key, "m1/m1")
+    # the old path (engine.paths "sha256-of-sealed-streams"): hashed on both ends, committed by digest
+    hashed = {stream.SEALED_HEADER: "m1", stream.DIGEST_HEADER: "sha256"}
+    got = agent.upload({"cid": "m1"}, {"stream": io.BytesIO(blob), "length": len(blob), "headers": hashed})
+    assert got["sha256"] == hashlib.sha256(DATA).hexdigest()
+    with pytest.raises(TransportError, match="committed as sealed, but it arrived unsealed or hashed"):
+        agent.commit({"cid": "m1"}, {"sealed": True})
+    assert not list(agent.files.root.iterdir()), "a refused commit leaves nothing behind"
+    # cut short: refused as it arrives, so there is nothing to commit
+    with pytest.raises(TransportError, match="cut off before its final frame"):
+        _upload(agent, "m1", _truncated(blob), "m1")
+    with pytest.raises(TransportError, match="no received checkpoint"):
+        agent.commit({"cid": "m1"}, {"sealed": True})
+    # an unsealed upload (a migration without a key) needs its sender's digest
+    agent.delete({"cid": "m2"}, {})
+    _upload(agent, "m2", DATA, None)
+    with pytest.raises(TransportError, match="committed as sealed, but it arrived unsealed"):
+        agent.commit({"cid": "m2"}, {})
+    _upload(agent, "m2", DATA, None)
+    agent.commit({"cid": "m2"}, {"sha256": hashlib.sha256(DATA).hexdigest()})
+    assert agent.files.archive("m2").read_bytes() == DATA
+
+
+def test_a_sealed_stream_opens_fed_in_pieces_of_any_size() -> None:
+    key = seal.new_key()
+    blob = _sealed(DATA, key, "m1/m1")
+    sizes = [1, 3, seal.HEADER, 4, seal.FRAME + 7, 2, seal.FRAME * 2 + 30, 65536]
+    opener, out, at, i = seal.Opener(key, "m1/m1", "x"), [], 0, 0
+    while at < len(blob):
+        out.append(opener.feed(blob[at : at + sizes[i % len(sizes)]]))
+        at += sizes[i % len(sizes)]
+        i += 1
+    opener.close()
+    assert b"".join(out) == DATA
 
 
 def test_a_seal_key_that_is_not_32_bytes_is_a_usage_error(agent: NodeAgent) -> None:

@@ -369,13 +369,14 @@ class NodeAgent:
             raise TransportError(
                 f"checkpoint {p['cid']} arrived unsealed, but its migration seals checkpoints; refused"
             )
-        sealed = stream.Seal(key, base) if key is not None else None
+        digest = b["headers"].get(stream.DIGEST_HEADER) == "sha256"
+        sealed = stream.Seal(key, base, digest) if key is not None else None
         with self.files.busy(p["cid"]):
             return stream.receive(b["stream"], b["length"], self.files.archive(p["cid"]), sealed)
 
     def commit(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         with self.files.busy(p["cid"]):
-            done = stream.commit(self.files.archive(p["cid"]), b["sha256"])
+            done = stream.commit(self.files.archive(p["cid"]), b.get("sha256"))
             if p["cid"].endswith(node_prefetch.SUFFIX):
                 self.prefetches.unpack(p["cid"])
             return done
@@ -386,7 +387,7 @@ def _seal(cid: str, b: dict[str, Any]) -> stream.Seal | None:
     key = b.get("seal")
     if not key:
         return None
-    return stream.Seal(seal.check_key(key), cid)
+    return stream.Seal(seal.check_key(key), cid, bool(b.get("digest")))
 
 
 def _mem_available() -> int | None:

@@ -161,7 +161,7 @@ class LazyPages:
         prefetching = False
         if self.prefetches is not None and pre.get("mb") and pre.get("seal") and images and pid:
             budget = max(0, min(int(pre["mb"]), 1024)) << 20
-            sealed = Seal(seal.check_key(pre["seal"]), cid)
+            sealed = Seal(seal.check_key(pre["seal"]), cid, bool(pre.get("digest")))
             self.prefetches.start(cid, Path(images), int(pid), budget, layout.node_ip(pre["node"]), sealed)
             prefetching = True
         return {

@@ -40,6 +40,9 @@ CHANGES = {
     "the huge pages it had once its last page is in (runtime.hugepages): its next freeze walks 512 times as many "
     "page-table entries. Interleaved runs confound it (each run dumps the heap the run before restored): compare "
     "whole runs",
+    "sha256-of-sealed-streams": "a sealed upload (a stop-copy's archive, a lazy one's archive and its prefetch) is "
+    "also hashed with SHA-256 by its sender and its receiver, the commit comparing the two, instead of the commit "
+    "accepting what the seal proved: every frame authenticated, through the final one (transport.stream)",
     "restored-check-before-cutover": "the restored copy's state and addresses are checked after its first "
     "answer, not between the restore and the route switch",
 }

@@ -2,8 +2,8 @@
 
 It differs from sibling ``transport.stream`` only in what the archive holds: no page server took the
 memory pages during the dump, so they travel inside the export. The bytes go the same way (stream's
-``send`` -> the target's upload route -> commit with the end-to-end SHA-256). Pods always move so:
-one export per member.
+``send`` -> the target's upload route -> commit: the seal's proof, or the end-to-end SHA-256 when
+unsealed). Pods always move so: one export per member.
 """
 
 from __future__ import annotations

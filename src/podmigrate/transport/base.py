@@ -4,7 +4,7 @@ Implemented by the siblings ``transport.registry``, ``transport.stream`` and ``t
 (looked up by the engine's names in ``transport.TRANSPORTS``); the node agent (``agent.node``) sends
 through it. Only the source side is common: the target *pulls* a registry image
 (``RegistryTransport.fetch``), while stream and archive are *pushed* into the target's upload route
-(``stream.receive``, then ``stream.commit`` with the sender's SHA-256).
+(``stream.receive``, then ``stream.commit``: what the seal proved, or the sender's SHA-256).
 """
 
 from __future__ import annotations

@@ -164,21 +164,28 @@ class Opener:
         return out
 
     def feed(self, data: bytes) -> bytes:
+        # frames are opened from a view of the buffer, which is cut once per call (a bytearray cut
+        # at its front moves nothing): a sealed upload's frames are copied once, by the decryption
         self.buf += data
-        out = bytearray()
-        if self.aead is None:
-            if len(self.buf) < HEADER:
-                return b""
-            self.start(bytes(self.buf[:HEADER]))
-            del self.buf[:HEADER]
-        while len(self.buf) >= 4:
-            n, final = self.length(bytes(self.buf[:4]))
-            if len(self.buf) < 4 + n:
-                break
-            ct = bytes(self.buf[4 : 4 + n])
-            del self.buf[: 4 + n]
-            out += self.open(ct, final)
-        return bytes(out)
+        view = memoryview(self.buf)
+        pos = 0
+        out: list[bytes] = []
+        try:
+            if self.aead is None:
+                if len(view) < HEADER:
+                    return b""
+                self.start(bytes(view[:HEADER]))
+                pos = HEADER
+            while len(view) - pos >= 4:
+                n, final = self.length(bytes(view[pos : pos + 4]))
+                if len(view) - pos < 4 + n:
+                    break
+                out.append(self.open(view[pos + 4 : pos + 4 + n], final))
+                pos += 4 + n
+        finally:
+            view.release()
+        del self.buf[:pos]  # not after a refusal: its traceback still holds a view of the buffer
+        return out[0] if len(out) == 1 else b"".join(out)
 
     def close(self) -> None:
         if not self.done:

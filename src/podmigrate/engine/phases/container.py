@@ -165,7 +165,11 @@ def transfer(ctx: Ctx) -> None:
     res = ctx.agent(rec["source"] or "").post(f"/v1/checkpoints/{rec['id']}/send", {"node": rec["target"], **sealed})
     rec["bytes"]["sent"] = res["bytes"]
     breakdown.note(rec, "source", [["stream: sending the archive", res.get("started"), res.get("ended")]])
-    rec["stream"] = {"sha256": res["sha256"], "seconds": round(res["ended"] - res["started"], 4)}
+    rec["stream"] = {
+        "sha256": res["sha256"],
+        "sealed": res.get("sealed", False),
+        "seconds": round(res["ended"] - res["started"], 4),
+    }
 
 
 def page_server(ctx: Ctx) -> None:

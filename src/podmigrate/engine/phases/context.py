@@ -11,6 +11,7 @@ from typing import Any
 
 from podmigrate.agent import tls
 from podmigrate.client import AgentClient
+from podmigrate.engine import paths
 from podmigrate.engine.record import Record, Store
 from podmigrate.lab.handle import LabHandle
 from podmigrate.transport import seal
@@ -36,8 +37,11 @@ class Ctx:
         self.rec.setdefault("security", {"sealed": on, "criu_tls": on, "agents": "mutual TLS"})
 
     def seal(self) -> dict[str, Any]:
-        """The request field that seals (or opens) this migration's checkpoints, if they are sealed."""
-        return {"seal": self.seal_key} if self.rec["security"]["sealed"] and self.seal_key else {}
+        """The request field that seals (or opens) this migration's checkpoints, if they are sealed
+        (with ``digest`` when a sealed stream is to be hashed on both ends as well: the old path)."""
+        if not (self.rec["security"]["sealed"] and self.seal_key):
+            return {}
+        return {"seal": self.seal_key, **({"digest": True} if paths.old("sha256-of-sealed-streams") else {})}
 
     def agent(self, name: str) -> AgentClient:
         if name not in self.clients:
