@@ -193,11 +193,13 @@ class Gate:
     def _close(self) -> None:
         with contextlib.suppress(OSError):
             os.close(self.fd)
-        for suffix in _SUFFIXES:
-            (self.gates / f"{self.token}{suffix}").unlink(missing_ok=True)
+        _remove(self.gates, self.token)
 
 
-_SUFFIXES = (".fifo", ".waiting", ".tmp", ".name")
+def _remove(gates: Path, token: str) -> None:
+    """A gate's files: its FIFO, the waiting mark, a placing's leftovers, the container's name."""
+    for suffix in (".fifo", ".waiting", ".tmp", ".name"):
+        (gates / f"{token}{suffix}").unlink(missing_ok=True)
 
 
 def orphans(gates: Path = GATES) -> list[str]:
@@ -222,8 +224,7 @@ def clean_orphan(token: str, gates: Path = GATES) -> str | None:
         if state.stdout.strip() != "true":
             for args in (["rm", "-f", "-t", "0"], ["rm", "--storage"]):
                 subprocess.run(["podman", *args, "--", name], capture_output=True)
-    for suffix in _SUFFIXES:
-        (gates / f"{token}{suffix}").unlink(missing_ok=True)
+    _remove(gates, token)
     return name
 
 
@@ -299,8 +300,7 @@ def start(token: str, skeleton: dict[str, Any], where: Path, *, tcp_established:
     """Start podman's restore of ``skeleton`` (its archive written to ``where``); it stops at the
     gate named ``token``, where the caller waits for it (``Gate.wait``)."""
     GATES.mkdir(parents=True, exist_ok=True, mode=0o700)
-    for suffix in _SUFFIXES:
-        (GATES / f"{token}{suffix}").unlink(missing_ok=True)
+    _remove(GATES, token)
     os.mkfifo(GATES / f"{token}.fifo", 0o600)
     # for the next agent, should this one die before the gate opens (``clean_orphan``)
     (GATES / f"{token}.name").write_text(str(skeleton["config"].get("name") or ""))
