@@ -1,20 +1,65 @@
-"""Shared fixtures. Tests marked ``lab`` run against a real lab named ``pmtest`` (root, CRIU, Podman);
-the lab is started once per session and removed at the end (PODMIGRATE_KEEP_LAB=1 keeps it); a lab
-that was up before the session is used and left up."""
+"""Shared fixtures. Tests marked ``lab`` run against real labs (root, CRIU, Podman) whose names are
+this test run's own (``RUN``, e.g. ``pm3fa2c1``, and ``RUN-SUFFIX`` for the others), so that test
+runs, a demo and benchmarks can share the machine; each is started once and removed at the end
+(PODMIGRATE_KEEP_LAB=1 keeps them; PODMIGRATE_TEST_LAB=NAME uses that lab instead of the session's
+own, left up if it was up). A run that died without its teardown is found by the next one: each lab
+a run starts is listed in ``$PODMIGRATE_HOME/test-runs`` with the run's process, and labs whose run
+is gone are taken down."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
 
 T = TypeVar("T")
-LAB_NAME = "pmtest"
+RUN = f"pm{uuid.uuid4().hex[:6]}"
+LAB_NAME = os.environ.get("PODMIGRATE_TEST_LAB") or RUN
+
+
+def run_lab_name(suffix: str) -> str:
+    """A lab name of this test run's own."""
+    return f"{RUN}-{suffix}"[:20]
+
+
+def _runs_dir() -> Path:
+    from podmigrate.lab.host import home
+
+    return home() / "test-runs"
+
+
+def own(name: str) -> None:
+    """Record that this test run owns lab ``name`` (before it comes up: a run killed while it starts
+    leaves nothing unlisted)."""
+    from podmigrate import procs
+
+    d = _runs_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    procs.write_pidfile(d / name, os.getpid())
+
+
+def disown(name: str) -> None:
+    (_runs_dir() / name).unlink(missing_ok=True)
+
+
+def take_down_orphans() -> None:
+    """Labs of test runs that died without their teardown: their run's process is gone."""
+    from podmigrate import procs
+    from podmigrate.lab.cluster import Lab
+
+    d = _runs_dir()
+    for f in sorted(d.iterdir()) if d.is_dir() else []:
+        if procs.read_pidfile(f) is None:
+            with contextlib.suppress(Exception):
+                Lab(f.name).down()
+            f.unlink(missing_ok=True)
 
 
 def wait_for(pred: Callable[[], T | None], timeout: float, what: str, step: float = 0.1) -> T:
@@ -45,19 +90,49 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                 item.add_marker(skip)
 
 
-@pytest.fixture(scope="session")
-def lab() -> Iterator[Any]:
+def _terminated(*_: object) -> None:
+    raise KeyboardInterrupt("SIGTERM")  # pytest then runs the teardowns: the run's labs go down
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_cleanup() -> Iterator[None]:
+    if os.geteuid() == 0:
+        take_down_orphans()
+    old = signal.signal(signal.SIGTERM, _terminated)
+    yield
+    signal.signal(signal.SIGTERM, old)
+
+
+def up_lab(name: str, **kw: Any) -> Iterator[Any]:
+    """A lab of this test run, up with the workload image, taken down at the end; a lab that was up
+    already (PODMIGRATE_TEST_LAB) is used and left up."""
     from podmigrate.lab.cluster import Lab
     from podmigrate.workload.image import ready_lab
 
-    the_lab = Lab(LAB_NAME)
-    # a lab that was up already is someone else's (a CI run, a benchmark): used, never taken down
+    the_lab = Lab(name)
     ours = not the_lab.is_up()
-    # with the workload image: some tests run it with plain podman, not through manage.start
-    ready_lab(the_lab, nodes=2, report=lambda m: print(f"[lab] {m}", flush=True))
-    yield the_lab
-    if ours and os.environ.get("PODMIGRATE_KEEP_LAB") != "1":
-        the_lab.down()
+    if ours:
+        own(name)
+    try:
+        # with the workload image: some tests run it with plain podman, not through manage.start
+        ready_lab(the_lab, nodes=2, report=lambda m: print(f"[lab {name}] {m}", flush=True), **kw)
+        yield the_lab
+    finally:
+        if ours and os.environ.get("PODMIGRATE_KEEP_LAB") != "1":
+            the_lab.down()
+            disown(name)
+
+
+@pytest.fixture(scope="session")
+def lab() -> Iterator[Any]:
+    yield from up_lab(LAB_NAME)
+
+
+@pytest.fixture(scope="session")
+def containerd_lab() -> Iterator[Any]:
+    """A lab whose nodes run containerd beside podman (the CRI and Kubernetes tests, and the
+    two-lab test's first lab)."""
+    yield from up_lab(run_lab_name("cri"), runtime="containerd")
 
 
 @pytest.fixture

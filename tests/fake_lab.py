@@ -29,10 +29,12 @@ from typing import Any
 import httpx
 
 from podmigrate import layout
+from podmigrate.agent import tls
 from podmigrate.agent.http import App
 from podmigrate.client import AgentClient
 from podmigrate.errors import PodmigrateError, RuntimeBackendError, TransportError, UsageError
 from podmigrate.lab.handle import LabHandle
+from podmigrate.transport import seal
 
 TOKEN = "fake-token"
 CAPABILITIES = {
@@ -110,6 +112,7 @@ class World:
         self.probes: dict[str, list[dict[str, Any]]] = {}
         self.faults: list[Fault] = []
         self.calls: list[tuple[str, str, str]] = []
+        self.bodies: list[tuple[str, str, str, dict[str, Any]]] = []  # the calls with what they asked for
         self._ids = itertools.count(1)
         self.apps = {n: self._node_app(n) for n in nodes} | {"lan": self._lan_app()}
 
@@ -170,6 +173,7 @@ class World:
                     err = RuntimeBackendError(f.message, details={"node": agent})
                     return httpx.Response(500, json={"error": err.to_wire()})
             body = request.read()
+            self.bodies.append((agent, request.method, request.url.path, json.loads(body) if body else {}))
             status, data = app.dispatch(
                 request.method,
                 request.url.path,
@@ -280,7 +284,8 @@ class World:
             # as the real layer: sealed with the push's key, openable only with the same key
             self.registry[b["reference"]] = {**node.checkpoints[p["cid"]], "_seal": b.get("seal")}
             digest = "sha256:" + hashlib.sha256(json.dumps(self.registry[b["reference"]]).encode()).hexdigest()
-            return {"reference": b["reference"], "manifest_digest": digest, "layer_digest": digest, "bytes": 1 << 20}
+            return {"reference": b["reference"], "manifest_digest": digest, "layer_digest": digest, "bytes": 1 << 20,
+                    "sealed": bool(b.get("seal"))}  # fmt: skip
 
         @app.route("POST", "/v1/registry/delete")
         def registry_delete(p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -295,7 +300,8 @@ class World:
                 raise TransportError(f"{b['reference']} is not sealed for this migration; refusing it")
             node.reserved.discard(p["cid"])
             node.checkpoints[p["cid"]] = {k: v for k, v in snap.items() if k != "_seal"}
-            return {"layer_digest": "sha256:" + hashlib.sha256(json.dumps(snap).encode()).hexdigest(), "bytes": 1 << 20}
+            digest = "sha256:" + hashlib.sha256(json.dumps(snap).encode()).hexdigest()
+            return {"layer_digest": digest, "bytes": 1 << 20, "sealed": bool(b.get("seal"))}
 
         @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/send")
         def send(p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -305,7 +311,8 @@ class World:
                 raise TransportError(f"{b['node']} has no key for the sealed checkpoint {p['cid']}")
             target.reserved.discard(p["cid"])  # the real agent frees it as the upload starts
             target.checkpoints[p["cid"]] = {**target.checkpoints.get(p["cid"], {}), **node.checkpoints[p["cid"]]}
-            return {"bytes": 1 << 20, "sha256": "0" * 64, "started": t0, "ended": time.time()}
+            return {"bytes": 1 << 20, "sha256": None if b.get("seal") else "0" * 64, "sealed": bool(b.get("seal")),
+                    "channel": "mutual TLS (TLSv1.3)", "started": t0, "ended": time.time()}  # fmt: skip
 
         @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/seal")
         def expect_seal(p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -316,7 +323,10 @@ class World:
         def page_server(p: dict[str, str], b: dict[str, Any]) -> Any:
             node.reserved.discard(p["cid"])
             node.checkpoints[p["cid"]] = {}
-            return {"address": layout.node_ip(name), "port": 27000}
+            if b.get("relay"):  # as the real agent: the relay needs the migration's key
+                seal.check_key(b.get("seal"))
+                return {"address": layout.node_ip(name), "port": 27000, "relay": True, "criu_tls": False}
+            return {"address": layout.node_ip(name), "port": 27000, "relay": False, "criu_tls": tls.criu_tls_wanted(b)}
 
         @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/restore")
         def restore(p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -381,7 +391,7 @@ class World:
             source = next(n for n in self.nodes.values() if p["cid"] in n.lazy and n is not node)
             source.lazy[p["cid"]] = {"running": False, "rc": 0}
             source.containers.pop(node.checkpoints[p["cid"]]["name"], None)  # CRIU ends it once the pages moved
-            return {**out, "wake_faults": b.get("wake_faults", False)}
+            return {**out, "wake_faults": b.get("wake_faults", False), "criu_tls": tls.criu_tls_wanted(b)}
 
         @app.route("POST", "/v1/containers/(?P<n>[^/]+)/huge-pages")
         def huge_pages(p: dict[str, str], b: dict[str, Any]) -> Any:

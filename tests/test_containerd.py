@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -17,7 +16,7 @@ from podmigrate.lab.cluster import Lab
 from podmigrate.lab.containerd import NODE_REGISTRY
 from podmigrate.transport.registry import checkpoint_annotations
 from podmigrate.workload import manage
-from podmigrate.workload.image import ensure_workload_image, workload_image
+from podmigrate.workload.image import workload_image
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.lab
@@ -26,12 +25,8 @@ from podmigrate.cri import CRIClient  # noqa: E402
 
 
 @pytest.fixture(scope="module")
-def clab() -> Iterator[Lab]:
-    the_lab = Lab("pmcri")
-    the_lab.up(nodes=2, runtime="containerd", report=lambda m: print(f"[lab] {m}", flush=True))
-    ensure_workload_image(the_lab)
-    yield the_lab
-    the_lab.down()
+def clab(containerd_lab: Lab) -> Lab:
+    return containerd_lab
 
 
 def client(lab: Lab, node: str) -> CRIClient:

@@ -82,15 +82,15 @@ def test_every_criu_run_on_a_node_is_podmigrates_build_and_the_package_is_untouc
 @pytest.mark.lab
 @pytest.mark.parametrize("old_path", [False, True])
 def test_a_lazy_dump_moves_the_heap_with_its_pages_left_in_the_frozen_tasks_or_spliced(
-    lab: Any, workload: Any, monkeypatch: pytest.MonkeyPatch, old_path: bool
+    lab: Any, workload: Any, old_path: bool
 ) -> None:
     """The new path, and what ``bench engine --old-paths lazy-dump-splice`` measures it against."""
     st = workload(node="node-a", heap_mb=48)
-    if old_path:
-        monkeypatch.setenv("PODMIGRATE_OLD_PATHS", "lazy-dump-splice")
-    rec = migrate(lab, Plan(workload=st["name"], target="node-b", mode="lazy"))
+    old = ("lazy-dump-splice",) if old_path else ()
+    rec = migrate(lab, Plan(workload=st["name"], target="node-b", mode="lazy", old_paths=old))
     assert rec["status"] == "completed" and rec["state_after"]["sha256"] == st["sha256"], rec.get("error")
     assert rec["lazy"]["dump_mode"] == ("splice" if old_path else "read")
+    assert rec.get("old_paths", []) == list(old)
     # every page of the heap crossed after the freeze, on demand or in the background, and the
     # source's CRIU exited 0 only after the target's daemon had them all
     assert rec["bytes"]["pages"] >= 48 << 20

@@ -4,7 +4,6 @@ controller's progress callback, which sees "✓ <phase>" as each phase completes
 
 from __future__ import annotations
 
-import os
 import signal
 import threading
 from collections.abc import Callable
@@ -63,7 +62,7 @@ def test_a_tampered_checkpoint_image_is_refused_before_restore(lab, workload):
             f.write(bytes([byte[0] ^ 0xFF]))
         seen["blob"] = blob
 
-    rec = fails_and_rolls_back(lab, st, "pull", after("push", tamper))
+    rec = fails_and_rolls_back(lab, st, "pull", after("push", tamper), transport="registry")
     assert "refusing to restore" in rec["error"]["message"]
     assert seen["blob"].parent.name in rec["checkpoint_image"]["layer_digest"]
 
@@ -92,7 +91,7 @@ def test_a_cut_lan_link_during_transfer_rolls_back(lab, workload):
         lab.run("lan", ["ip", "link", "set", "vnode-b", "down"])
 
     try:
-        fails_and_rolls_back(lab, st, "pull", after("push", cut))
+        fails_and_rolls_back(lab, st, "pull", after("push", cut), transport="registry")
     finally:
         lab.run("lan", ["ip", "link", "set", "vnode-b", "up"])
 
@@ -129,12 +128,12 @@ def test_a_target_agent_killed_before_restore_rolls_back_once_it_is_back(lab, wo
 
     def kill_agent() -> None:
         hold.touch()
-        os.kill(int((lab.dir / "pids" / "node-b.pid").read_text()), signal.SIGKILL)
+        lab.kill_service("node-b", signal.SIGKILL)
         # the lab brings it back a little later, as it would after a crash
         threading.Timer(3.0, lambda: hold.unlink(missing_ok=True)).start()
 
     try:
-        rec = fails_and_rolls_back(lab, st, "restore", after("pull", kill_agent))
+        rec = fails_and_rolls_back(lab, st, "restore", after("pull", kill_agent), transport="registry")
         assert rec["error"]["kind"] == "AgentError"
     finally:
         hold.unlink(missing_ok=True)

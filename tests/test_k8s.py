@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -32,7 +33,6 @@ from podmigrate.kubelab.kubelet import Kubelet, KubeletError
 from podmigrate.kubelab.pods import KUBELET_LABEL, PodWorker
 from podmigrate.lab.cluster import Lab
 from podmigrate.lab.containerd import NODE_REGISTRY
-from podmigrate.workload.image import ensure_workload_image
 from tests.conftest import wait_for
 
 pytestmark = pytest.mark.lab
@@ -78,12 +78,8 @@ class HookedKubelet(Kubelet):
 
 
 @pytest.fixture(scope="module")
-def klab() -> Iterator[Lab]:
-    the_lab = Lab("pmk8s")
-    the_lab.up(nodes=2, runtime="containerd", report=lambda m: print(f"[lab] {m}", flush=True))
-    ensure_workload_image(the_lab)
-    yield the_lab
-    the_lab.down()
+def klab(containerd_lab: Lab) -> Lab:
+    return containerd_lab
 
 
 class Cluster:
@@ -325,7 +321,8 @@ def test_a_failure_at_each_step_rolls_back_and_keeps_the_source(cluster: Cluster
         def kill(pod: dict[str, Any]) -> None:
             if restored(pod):
                 hold.touch()
-                c.lab.run("node-b", ["pkill", "-9", "-x", "containerd"], check=False)
+                # this lab's containerd by its pid file, never by name: other labs and the host run one
+                c.lab.kill_service("containerd-node-b", signal.SIGKILL)
                 target.on_start = None
 
         target.on_start = kill

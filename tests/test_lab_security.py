@@ -194,23 +194,20 @@ def test_a_relayed_page_server_listens_on_loopback_and_its_relay_drops_a_peer_wi
     assert f"{ps['address']}:{ps['port']} " not in lab.run("node-b", ["ss", "-Hltn"]).stdout
 
 
-def test_the_old_page_path_through_criu_tls_still_moves_the_heap(lab: Any, workload: Any, monkeypatch: Any) -> None:
+def test_the_old_page_path_through_criu_tls_still_moves_the_heap(lab: Any, workload: Any) -> None:
     """What ``bench engine --old-paths criu-tls-pages`` measures against must itself be correct."""
     st = workload(node="node-a", heap_mb=16)
-    monkeypatch.setenv("PODMIGRATE_OLD_PATHS", "criu-tls-pages")
-    rec = migrate(lab, Plan(workload=st["name"], target="node-b", mode="stop-copy", transport="stream"))
+    plan = Plan(st["name"], "node-b", "stop-copy", "stream", old_paths=("criu-tls-pages",))
+    rec = migrate(lab, plan)
     assert rec["status"] == "completed" and rec["state_after"]["sha256"] == st["sha256"]
-    assert rec["security"]["pages"] == "CRIU TLS" and (rec["page_server"] or {})["relay"] is False
-    assert "page_relay" not in rec["bytes"]
+    assert rec["security"]["pages"] == "criu tls" and (rec["page_server"] or {})["relay"] is False
+    assert "page_relay" not in rec["bytes"] and rec["old_paths"] == ["criu-tls-pages"]
 
 
-def test_the_old_eager_restore_still_moves_the_heap_and_waits_for_no_daemon(
-    lab: Any, workload: Any, monkeypatch: Any
-) -> None:
+def test_the_old_eager_restore_still_moves_the_heap_and_waits_for_no_daemon(lab: Any, workload: Any) -> None:
     """``bench engine --old-paths eager-restore`` measures against the restore that reads the whole memory first."""
     st = workload(node="node-a", heap_mb=16)
-    monkeypatch.setenv("PODMIGRATE_OLD_PATHS", "eager-restore")
-    rec = migrate(lab, Plan(workload=st["name"], target="node-b", mode="stop-copy", transport="stream"))
+    rec = migrate(lab, Plan(st["name"], "node-b", "stop-copy", "stream", old_paths=("eager-restore",)))
     assert rec["status"] == "completed" and rec["state_after"]["sha256"] == st["sha256"]
     assert rec["lazy_local"] is False and "local_pages" not in rec
     assert "target: unpacking, lazy-pages daemon start" not in rec["blackout_steps"]["steps"]
@@ -280,7 +277,8 @@ def test_every_migration_seals_and_keeps_its_key_out_of_the_record(
     st = workload(node="node-a", heap_mb=32)
     rec = migrate(lab, Plan(workload=st["name"], target="node-b", transport="registry"))
     assert rec["status"] == "completed"
-    assert rec["security"] == {"sealed": True, "criu_tls": True, "agents": "mutual TLS"}
+    # what crossed, as it crossed: the image sealed, no pages beside it, no agent-to-agent upload
+    assert rec["security"] == {"sealed": True, "controller": "unix socket + token"}
     (key,) = keys  # the migration's key: nowhere in its record, the database or the agents' logs
     assert key not in json.dumps(rec)
     for where in [lab.dir / "state.db", *(lab.dir / "logs").glob("*.log")]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -90,8 +89,8 @@ def test_checkpoint_and_restore_on_one_node_keeps_the_heap(lab, workload):
 def test_migration_there_and_back_keeps_digest_and_counter(lab, workload):
     st = workload(heap_mb=64)
     name = st["name"]
-    there = migrate(lab, Plan(workload=name, target="node-b"))
-    back = migrate(lab, Plan(workload=name, target="node-a"))
+    there = migrate(lab, Plan(workload=name, target="node-b", transport="registry"))
+    back = migrate(lab, Plan(workload=name, target="node-a", transport="registry"))
     for rec, src, dst in ((there, "node-a", "node-b"), (back, "node-b", "node-a")):
         assert rec["status"] == "completed" and rec["source"] == src and rec["target"] == dst
         assert rec["state_after"]["sha256"] == st["sha256"]
@@ -195,10 +194,10 @@ def test_registry_down_during_push_rolls_back_to_the_source(lab, workload):
     st = workload(heap_mb=32)
     hold = lab.dir / "hold" / "registry"
     hold.touch()
-    os.kill(int((lab.dir / "pids" / "registry.pid").read_text()), signal.SIGKILL)
+    lab.kill_service("registry", signal.SIGKILL)
     try:
         with pytest.raises(MigrationFailed, match=r"failed in phase push.*rolled back") as exc:
-            migrate(lab, Plan(workload=st["name"], target="node-b"))
+            migrate(lab, Plan(workload=st["name"], target="node-b", transport="registry"))
     finally:
         hold.unlink()
     rec = exc.value.details["record"]
@@ -216,7 +215,7 @@ def test_a_controller_killed_mid_migration_is_rolled_back_by_the_next_command(la
     name = st["name"]
     code = (
         "from podmigrate.lab.cluster import Lab; from podmigrate.engine.controller import Plan, migrate; "
-        f"migrate(Lab({LAB_NAME!r}), Plan(workload={name!r}, target='node-b'))"
+        f"migrate(Lab({LAB_NAME!r}), Plan(workload={name!r}, target='node-b', transport='registry'))"
     )
     proc = subprocess.Popen([sys.executable, "-c", code])
     store = store_for(lab)
@@ -317,8 +316,20 @@ def test_each_mode_and_transport_goes_there_and_back_with_the_heap_intact(lab, w
         if transport in ("stream", "archive"):
             assert "transfer" in rec["phase_s"] and "push" not in rec["phase_s"]
             assert rec["bytes"]["sent"] == rec["bytes"]["archive"]
-        if rec.get("page_server"):  # the lab seals: the pages crossed in the agents' sealed relay
-            assert rec["security"]["pages"] == "sealed relay (AES-256-GCM)"
+            assert rec["security"]["agents"].startswith("mutual TLS (TLSv1.")  # the upload, agent to agent
+        else:
+            assert "agents" not in rec["security"]  # the registry between them: no agent-to-agent upload
+        # what crossed, as the phases saw it cross: sealed always (the default), and the controller
+        # over the agents' Unix sockets
+        assert rec["security"]["sealed"] is True and rec["security"]["controller"] == "unix socket + token"
+        # by (mode, transport), so that a page server gone missing fails here instead of skipping the
+        # checks below: a streamed copy's pages go into the target's page server during the dump; a
+        # lazy copy fetches them from the source's CRIU (in CRIU's TLS); registry and archive carry
+        # them inside the checkpoint
+        paged = transport == "stream" and mode != "lazy"
+        assert bool(rec.get("page_server")) is paged, rec.get("page_server")
+        assert rec["security"].get("pages") == ("sealed relay" if paged else "criu tls" if mode == "lazy" else None)
+        if paged:  # the lab seals: the pages crossed in the agents' sealed relay
             assert rec["bytes"]["page_relay"]["pages"] >= 32 << 20
             # the restore left the memory in the images for a local lazy-pages daemon, which had
             # copied every page in (exit 0) before verify read the heap
@@ -404,7 +415,7 @@ def test_gc_finds_and_removes_leftovers_and_history_lists_migrations(lab, worklo
 @pytest.mark.parametrize("compression", ["gzip", "zstd"])
 def test_a_compressed_checkpoint_image_restores_bit_exact(lab, workload, compression):
     st = workload(heap_mb=16)
-    rec = migrate(lab, Plan(workload=st["name"], target="node-b", compression=compression))
+    rec = migrate(lab, Plan(workload=st["name"], target="node-b", transport="registry", compression=compression))
     assert rec["status"] == "completed" and rec["state_after"]["sha256"] == st["sha256"]
     assert rec["plan"]["compression"] == compression
     assert_clean(lab, st["name"])

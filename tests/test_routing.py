@@ -8,7 +8,6 @@ drain deadline passes). Stop-copy must not drain: its restored TCP connections m
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -136,10 +135,8 @@ def test_switching_routers_keeps_every_service_routed_and_leaves_nothing_behind(
 def test_a_restarted_lan_agent_keeps_the_router_and_its_services(nft_router, workload):
     lab = nft_router
     st = workload(heap_mb=16)
-    pid_file = lab.dir / "pids" / "lan.pid"
-    old = pid_file.read_text().strip()
-    os.kill(int(old), signal.SIGKILL)  # the lab holder restarts it
-    wait_for(lambda: pid_file.read_text().strip() != old, 30, "a new LAN agent")
+    old = lab.kill_service("lan", signal.SIGKILL)  # the lab holder restarts it
+    wait_for(lambda: lab.service("lan") not in (None, old), 30, "a new LAN agent")
 
     def router() -> dict[str, Any] | None:
         try:

@@ -149,7 +149,7 @@ def test_a_controller_that_dies_during_the_rollback_leaves_it_for_the_next_to_fi
     lab.world.fail("node-b", "POST", r"/restore$", message="restore broke")
     lab.world.fail("node-a", "POST", r"^/v1/registry/delete$", kind="die")  # in the undo of push
     with pytest.raises(ControllerDied):
-        migrate(lab, Plan(workload="web", target="node-b"))
+        migrate(lab, Plan(workload="web", target="node-b", transport="registry"))
     (left,) = store_for(lab).active()
     assert left["status"] == "rolling_back" and [r["phase"] for r in left["rollbacks"]] == ["restore", "pull"]
     calls = len(lab.world.calls)
@@ -183,7 +183,7 @@ def test_an_undo_that_only_deletes_a_copy_and_fails_leaves_a_leftover_not_a_fail
     lab.world.fail("node-b", "POST", r"/restore$", message="restore broke")
     lab.world.fail("node-a", "POST", r"^/v1/registry/delete$", message="registry down", times=2)
     with pytest.raises(MigrationFailed, match="rolled back"):
-        migrate(lab, Plan(workload="web", target="node-b"))
+        migrate(lab, Plan(workload="web", target="node-b", transport="registry"))
     (rec,) = store_for(lab).list()
     assert rec["status"] == "rolled_back"
     assert rec["leftovers"] == [{"phase": "push", "error": "registry down"}]  # tried again after the rest
@@ -199,7 +199,7 @@ def test_an_artifact_undo_that_failed_is_tried_again_once_the_workload_is_safe(l
     # the target's agent is restarting: its archive cannot be deleted at first
     lab.world.fail("node-b", "DELETE", r"^/v1/checkpoints/", kind="unreachable", message="refused", times=3)
     with pytest.raises(MigrationFailed, match="rolled back"):
-        migrate(lab, Plan(workload="web", target="node-b"))
+        migrate(lab, Plan(workload="web", target="node-b", transport="registry"))
     (rec,) = store_for(lab).list()
     assert rec["status"] == "rolled_back" and "leftovers" not in rec
     undos = [r["phase"] for r in rec["rollbacks"]]
@@ -213,7 +213,7 @@ def test_an_undo_that_protects_the_workload_and_fails_makes_the_migration_failed
     lab.world.fail("node-b", "POST", r"/restore$", message="restore broke")
     lab.world.fail("node-a", "POST", r"^/v1/containers/web/restore$", message="restore in place broke")
     with pytest.raises(MigrationFailed, match="ROLLBACK FAILED: see the record"):
-        migrate(lab, Plan(workload="web", target="node-b"))
+        migrate(lab, Plan(workload="web", target="node-b", transport="registry"))
     (rec,) = store_for(lab).list()
     assert rec["status"] == "failed"
     assert [r["ok"] for r in rec["rollbacks"]] == [True, True, True, False]
@@ -267,7 +267,7 @@ def test_ctrl_c_or_sigterm_during_a_migration_rolls_it_back_at_once(lab, sig):
     before = started(lab)
     lab.world.fail("node-b", "POST", r"/pull$", kind="signal", message=sig)  # mid-migration, source frozen
     with pytest.raises(MigrationFailed, match=f"interrupted by {sig}.*rolled back, it runs on node-a"):
-        migrate(lab, Plan(workload="web", target="node-b"))
+        migrate(lab, Plan(workload="web", target="node-b", transport="registry"))
     (rec,) = store_for(lab).list()
     assert rec["status"] == "rolled_back" and rec["phase"] == "pull"
     assert store_for(lab).active() == []
@@ -282,7 +282,7 @@ def test_a_second_signal_stops_the_rollback_says_what_is_left_and_gc_finishes_it
     lab.world.fail("node-a", "POST", r"^/v1/registry/delete$", kind="signal", message="SIGINT,SIGINT")
     said: list[str] = []
     with pytest.raises(MigrationFailed, match="stopped by a second SIGINT; undone so far: restore, pull") as e:
-        migrate(lab, Plan(workload="web", target="node-b"), said.append)
+        migrate(lab, Plan(workload="web", target="node-b", transport="registry"), said.append)
     assert "podmigrate gc" in (e.value.hint or "")
     assert any("rolling back migration" in m and "send it again to stop" in m for m in said)
     (left,) = store_for(lab).active()
@@ -403,14 +403,14 @@ def test_a_migration_that_will_not_fit_is_refused_before_anything_is_frozen(lab,
 
 @pytest.mark.parametrize("old", [False, True])
 def test_the_restored_copy_is_checked_after_its_first_answer_unless_the_old_path_is_asked_for(
-    lab: FakeLab, monkeypatch: pytest.MonkeyPatch, old: bool
+    lab: FakeLab, old: bool
 ) -> None:
     before = started(lab)
-    if old:
-        monkeypatch.setenv("PODMIGRATE_OLD_PATHS", "restored-check-before-cutover")
-    rec = migrate(lab, Plan(workload="web", target="node-b", transport="stream"))
+    asked = ("restored-check-before-cutover",) if old else ()
+    rec = migrate(lab, Plan(workload="web", target="node-b", transport="stream", old_paths=asked))
     assert rec["status"] == "completed"
     assert ("restored_check" in rec) is not old
+    assert rec.get("old_paths", []) == list(asked)  # the record says which old path it took
     calls = [(node, method, path) for node, method, path in lab.world.calls]
     listed = calls.index(
         ("node-b", "GET", "/v1/containers"), calls.index(("node-b", "POST", f"/v1/checkpoints/{rec['id']}/restore"))

@@ -273,7 +273,7 @@ def test_a_stream_replayed_from_another_migration_or_for_another_checkpoint_is_r
 def agent(ca: CA, tmp_path: Path) -> NodeAgent:
     root = tmp_path / "checkpoints"
     root.mkdir(mode=0o700)
-    a = NodeAgent(App("node-b", "node", TOKEN), object(), _files(ca, "node-b"), root, tmp_path / "security")  # type: ignore[arg-type]
+    a = NodeAgent(App("node-b", "node", TOKEN), object(), _files(ca, "node-b"), root, tmp_path / "notice")  # type: ignore[arg-type]
     a.register()
     return a
 

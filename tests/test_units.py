@@ -217,28 +217,6 @@ def test_any_container_name_makes_a_valid_distinct_repository(name):
     assert len(others) == 4  # names that clean to the same text stay apart
 
 
-def test_an_interrupted_debootstrap_is_started_over_not_reused(tmp_path, monkeypatch):
-    from podmigrate.errors import LabError
-    from podmigrate.lab import image
-
-    root = tmp_path / "rootfs"
-    (root / "usr/bin").mkdir(parents=True)
-    (root / "usr/bin/apt-get").write_text("")  # debootstrap got this far...
-    (root / "debootstrap").mkdir()  # ...and had not finished: it removes this directory last
-    ran: list[list[str]] = []
-
-    def run(self: Any, argv: list[str], step: str) -> None:
-        ran.append(argv)
-        raise LabError("stop here")
-
-    monkeypatch.setattr(image.NodeImage, "_run", run)
-    said: list[str] = []
-    with pytest.raises(LabError):
-        image.NodeImage(root).build(said.append)
-    assert ran and ran[0][0] == "debootstrap" and not (root / "debootstrap").exists()
-    assert any("interrupted debootstrap" in m for m in said)
-
-
 def test_the_agents_per_checkpoint_locks_do_not_grow_without_bound(tmp_path):
     from podmigrate.agent.checkpoints import MAX_LOCKS, CheckpointDir
 
@@ -479,27 +457,3 @@ def test_the_engine_bench_says_what_the_guest_memory_warm_up_changed() -> None:
     assert "6.0, 4.0 s before it" in text and "2.5, 2.5 s after it" in text and "before/after 2.0" in text
     # without the pair before warming (the warm-up was off), nothing is claimed
     assert memory.effect([r for r in rows if r["method"] != memory.BEFORE], 1024) is None
-
-
-def test_machine_settings_are_kept_once_and_put_back_by_the_last_lab_down(tmp_path: Path) -> None:
-    from podmigrate.lab import tunables
-
-    root, base = tmp_path / "sys", tmp_path / "base"
-    for d in (root / "fs", root / "net/netfilter", base):
-        d.mkdir(parents=True)
-    (root / "fs/pipe-max-size").write_text("1048576\n")
-    (root / "net/netfilter/nf_conntrack_buckets").write_text("262144\n")
-    changed = tunables.apply(base, root=root)
-    assert changed == ["fs/pipe-max-size: 1048576 -> 4194304", "net/netfilter/nf_conntrack_buckets: 262144 -> 16384"]
-    assert tunables.apply(base, root=root) == []  # a second lab up: nothing to change, the old values kept
-    assert (base / "nf_conntrack_buckets.orig").read_text() == "262144"
-    tunables.restore(base, lambda: True, root=root)  # another lab is still up: left as they are
-    assert (root / "net/netfilter/nf_conntrack_buckets").read_text() == "16384"
-    tunables.restore(base, lambda: False, root=root)
-    assert (root / "fs/pipe-max-size").read_text() == "1048576"
-    assert (root / "net/netfilter/nf_conntrack_buckets").read_text() == "262144"
-    assert not list(base.iterdir())
-    # a value already on the right side of its bound, or a setting this kernel lacks, is left alone
-    (root / "fs/pipe-max-size").write_text("8388608")
-    (root / "net/netfilter/nf_conntrack_buckets").unlink()
-    assert tunables.apply(base, root=root) == [] and not list(base.iterdir())

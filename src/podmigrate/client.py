@@ -36,6 +36,7 @@ class AgentClient:
         self.unreachable_hint = unreachable_hint
         self.socket_path = socket_path
         self.base_url = base_url
+        self.channel = _channel(socket_path, base_url, transport, tls, token)
         if transport is None and socket_path is not None:
             transport = httpx.HTTPTransport(uds=str(socket_path))
         self._http = httpx.Client(
@@ -83,3 +84,24 @@ class AgentClient:
 
     def delete(self, path: str, body: dict[str, Any] | None = None) -> Any:
         return self.call("DELETE", path, body)
+
+
+def _channel(
+    socket_path: Path | None,
+    base_url: str,
+    transport: httpx.BaseTransport | None,
+    tls: ssl.SSLContext | None,
+    token: str,
+) -> str:
+    """How this client reaches its agent, for records: a Unix socket, TLS with this side's
+    certificate, plain HTTP, or a transport of the caller's (the unit tests' in-process agents);
+    with the bearer token when one is sent."""
+    if socket_path is not None:
+        how = "unix socket"
+    elif transport is not None:
+        how = f"{type(transport).__name__}"
+    elif base_url.startswith("https://"):
+        how = "mutual TLS" if tls is not None else "TLS"
+    else:
+        how = "plain HTTP"
+    return f"{how} + token" if token else how

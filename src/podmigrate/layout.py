@@ -6,7 +6,9 @@ set per node; the numbers here are the whole address plan, so nothing has to be 
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
+import os
 import string
 
 LAN_BRIDGE = "br0"
@@ -60,5 +62,8 @@ def in_workload_subnet(ip: str) -> bool:
         return False
 
 
-def cgroup_name(lab: str) -> str:
-    return f"podmigrate-{lab}"
+def cgroup_name(lab: str, home: str) -> str:
+    """The lab's cgroup2 subtree: named from its home as well as its name, since two users (two
+    PODMIGRATE_HOMEs) may each have a lab of the same name, and ``lab up`` clears what its cgroup holds."""
+    digest = hashlib.sha256(os.path.realpath(home).encode()).hexdigest()[:8]
+    return f"podmigrate-{lab}-{digest}"

@@ -49,10 +49,9 @@ class NodeAgent:
         rt: NodeRuntime,
         identity: tls.Files,
         checkpoints: Path = Path(layout.NODE_CHECKPOINTS),
-        setting: Path = Path(layout.IN_LAB_STATE) / "security",
         notice: Path = Path(layout.NODE_NOTICE),
     ):
-        self.app, self.rt, self.identity, self.setting = app, rt, identity, setting
+        self.app, self.rt, self.identity = app, rt, identity
         self.files = CheckpointDir(checkpoints)
         self.memory = Reservations()
         self.notice = SpotNotice(notice)
@@ -66,8 +65,8 @@ class NodeAgent:
         self.prefetches = Prefetches(self.files, self.stream, lambda cid: safe_id(cid) in self.keys)
         self.lazy = LazyPages(app.name, rt, self.files, self.memory, self.criu_tls, self.prefetches)
 
-    def criu_tls(self, *, server: bool) -> tuple[str, ...]:
-        return self.identity.criu(server=server) if tls.enabled(self.setting) else ()
+    def criu_tls(self, b: dict[str, Any], *, server: bool) -> tuple[str, ...]:
+        return self.identity.criu(server=server) if tls.criu_tls_wanted(b) else ()
 
     def register(self) -> None:
         for method, pattern, fn in (
@@ -346,11 +345,11 @@ class NodeAgent:
         return self._send(t, p["cid"], self.files.archive(p["cid"]), layout.node_ip(target))
 
     def send_pod(self, p: dict[str, str], b: dict[str, Any]) -> Any:
-        total = 0
-        t = self.archive.with_seal(_seal(p["cid"], b))
+        total, channel, t = 0, None, self.archive.with_seal(_seal(p["cid"], b))
         for _m, a in self.files.members(p["cid"], b["members"]).items():
-            total += self._send(t, p["cid"], a, layout.node_ip(b["node"]))["bytes"]
-        return {"bytes": total}
+            sent = self._send(t, p["cid"], a, layout.node_ip(b["node"]))
+            total, channel = total + sent["bytes"], sent.get("channel")  # the same way for every member
+        return {"bytes": total, "sealed": t.sealed is not None, "channel": channel}
 
     def upload(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         self.memory.release(p["cid"])

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podmigrate import layout, names
+from podmigrate import layout, names, procs
 from podmigrate.agent import node_prefetch
 from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App
@@ -44,11 +44,12 @@ class LazyPages:
         rt: NodeRuntime,
         files: CheckpointDir,
         memory: Reservations,
-        criu_tls: Callable[..., tuple[str, ...]] = lambda server: (),
+        criu_tls: Callable[..., tuple[str, ...]] = lambda b, server: (),
         prefetches: Prefetches | None = None,
         speculations: Speculations | None = None,
     ):
-        """``criu_tls(server=...)``: CRIU's TLS options for a listening or a connecting end;
+        """``criu_tls(request, server=...)``: CRIU's TLS options for a listening or a connecting end,
+        as the request asks (``agent.tls.criu_tls_wanted``);
         ``prefetches``: the node's prefetch sender and receiver (``agent.node_prefetch``)."""
         self.name, self.rt, self.files, self.memory, self.criu_tls = name, rt, files, memory, criu_tls
         # the restores podman and runc started before the freeze (its routes are registered here too)
@@ -80,11 +81,10 @@ class LazyPages:
                 job.wait()
         # a daemon or page server an earlier agent started (this one was restarted) would read the
         # images being deleted under it: found by the checkpoint id its command line names
-        for pid in _processes(
+        for proc in _processes(
             cid, lambda argv: argv[0].endswith(b"criu") and argv[1:2] in ([b"lazy-pages"], [b"page-server"])
         ):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            procs.kill(proc, signal.SIGKILL)
         waker = self.wakers.pop(cid, None)
         if waker is not None:
             waker.stop()
@@ -106,7 +106,8 @@ class LazyPages:
     def page_server(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         """Start a CRIU page server that receives the memory pages of checkpoint ``cid``. With
         ``relay`` and the migration's key, CRIU listens on loopback only and the pages arrive at a
-        sealed relay (``transport.pagerelay``); else CRIU listens on the LAN, in its own TLS if on."""
+        sealed relay (``transport.pagerelay``); else CRIU listens on the LAN, in its own TLS unless the
+        request says ``"criu_tls": false``."""
         cid = p["cid"]
         self.memory.release(cid)
         address = layout.node_ip(self.name)
@@ -116,12 +117,10 @@ class LazyPages:
             self.jobs[f"ps-{cid}"] = self.rt.page_server(self.files.pages(cid), "127.0.0.1", port)
             peer = names.ipv4(b["peer"]) if b.get("peer") else None  # the source: nobody else gets in
             relay = self.relays[cid] = pagerelay.TargetRelay(cid, key, address, port, peer=peer)
-            return {"address": address, "port": relay.port, "relay": True}
-        port = self._free_port()  # the page server takes it right after
-        self.jobs[f"ps-{cid}"] = self.rt.page_server(
-            self.files.pages(cid), address, port, tls=self.criu_tls(server=True)
-        )
-        return {"address": address, "port": port, "relay": False}
+            return {"address": address, "port": relay.port, "relay": True, "criu_tls": False}
+        port, tls = self._free_port(), self.criu_tls(b, server=True)  # the page server takes the port right after
+        self.jobs[f"ps-{cid}"] = self.rt.page_server(self.files.pages(cid), address, port, tls=tls)
+        return {"address": address, "port": port, "relay": False, "criu_tls": bool(tls)}
 
     def dump_to_page_server(self, cid: str, b: dict[str, Any]) -> tuple[tuple[str, ...], pagerelay.SourceRelay | None]:
         """CRIU's options for a dump whose pages go to the page server in ``b["page_server"]`` (a
@@ -136,7 +135,7 @@ class LazyPages:
             relay = pagerelay.SourceRelay(cid, seal.check_key(b.get("seal")), (address, port))
             criu: tuple[str, ...] = ("page-server", "address=127.0.0.1", f"port={relay.port}")
         else:
-            criu = ("page-server", f"address={address}", f"port={port}", *self.criu_tls(server=False))
+            criu = ("page-server", f"address={address}", f"port={port}", *self.criu_tls(b, server=False))
         if b.get("leave_stopped"):
             criu += ("leave-stopped",)
         return criu, relay
@@ -152,7 +151,7 @@ class LazyPages:
                 layout.node_ip(self.name),
                 port,
                 tcp_established=b.get("tcp_established", True),
-                tls=self.criu_tls(server=True),
+                tls=self.criu_tls(b, server=True),
                 criu=network_lock(b) + lazy_dump_mode(b),
             )
         self.lazy_ports[cid] = port
@@ -187,17 +186,18 @@ class LazyPages:
         action = (
             node_prefetch.script(self.files.pages(cid), wait, defer=b.get("prefetch_defer", True)) if wait else None
         )
+        tls = self.criu_tls(b, server=False)
         res, waker, speculative = self._restore(
-            cid,
-            b,
-            gate,
-            names.ipv4(b.get("address")),
-            names.port(b.get("port")),
-            tls=self.criu_tls(server=False),
-            action_script=action,
+            cid, b, gate, names.ipv4(b.get("address")), names.port(b.get("port")), tls=tls, action_script=action
         )
         used = node_prefetch.outcome(self.files.pages(cid)) if wait else None
-        return {**res, "wake_faults": waker is not None, "prefetch": used, "speculative": speculative}
+        return {
+            **res,
+            "wake_faults": waker is not None,
+            "prefetch": used,
+            "speculative": speculative,
+            "criu_tls": bool(tls),
+        }
 
     def restore_from_pages(self, cid: str, b: dict[str, Any]) -> Any:
         """A streamed dump's restore that leaves its memory in the images the page server wrote: a
@@ -292,9 +292,8 @@ class LazyPages:
         deadline = time.monotonic() + 60
         while orphaned_dump(cid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        for pid in orphaned_dump(cid):  # still there: the whole group goes (podman, runc, CRIU)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(os.getpgid(pid), signal.SIGKILL)
+        for proc in orphaned_dump(cid):  # still there: killed, the group too where it leads one (its podman's)
+            kill_orphan(proc)
         return {"aborted": True, "rc": None, "orphan": True}
 
 
@@ -313,21 +312,34 @@ def lazy_dump_mode(b: dict[str, Any]) -> tuple[str, ...]:
     return ("lazy-dump-mode=read",)
 
 
-def orphaned_dump(cid: str) -> list[int]:
+def orphaned_dump(cid: str) -> list[procs.Proc]:
     """The podman/runc/CRIU processes of lazy dump ``cid`` (their command lines name its archive)."""
     return _processes(cid, lambda argv: any(a.endswith((b"podman", b"criu", b"runc")) for a in argv[:1]))
 
 
-def _processes(cid: str, which: Callable[[list[bytes]], bool]) -> list[int]:
-    """This node's processes whose command line names checkpoint ``cid`` and that ``which`` picks."""
+def _processes(cid: str, which: Callable[[list[bytes]], bool]) -> list[procs.Proc]:
+    """This node's processes whose command line names checkpoint ``cid`` and that ``which`` picks.
+
+    Only this node's own: the lab's nodes share one pid namespace, and the peer of a migration runs
+    processes naming the same checkpoint id; a node's podman, runc and CRIU share its agent's mount
+    namespace, a peer's do not."""
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or not procs.same_mount_ns(int(entry)):
             continue
         try:
             argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if any(cid.encode() in a for a in argv) and which(argv):
-            found.append(int(entry))
+        if any(cid.encode() in a for a in argv) and which(argv) and (p := procs.identify(int(entry))):
+            found.append(p)
     return found
+
+
+def kill_orphan(p: procs.Proc) -> None:
+    """SIGKILL an orphaned dump's process; its whole group where it leads one (the dump's podman was
+    started in a session of its own, with runc and CRIU below it), never this agent's group."""
+    with contextlib.suppress(ProcessLookupError, OSError):
+        if os.getpgid(p.pid) == p.pid != os.getpgrp() and procs.alive(p):
+            os.killpg(p.pid, signal.SIGKILL)
+    procs.kill(p, signal.SIGKILL)

@@ -13,19 +13,16 @@ import ssl
 import sys
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 HANDSHAKE_TIMEOUT = 10.0
 
 
-def enabled(setting: Path) -> bool:
-    """Whether checkpoints are sealed and CRIU's pages go under TLS: the lab's ``security`` file
-    (``podmigrate lab security on|off``; off exists only to measure what on costs)."""
-    try:
-        return setting.read_text().strip() != "off"
-    except OSError:
-        return True
+def criu_tls_wanted(request: dict[str, Any]) -> bool:
+    """Whether a request's CRIU connections go under CRIU's TLS: each migration says so in its own
+    requests (``"criu_tls": false`` only for a migration run with security off, to measure what on
+    costs), so that no setting outside the request can turn it off for anyone else; absent: on."""
+    return request.get("criu_tls") is not False
 
 
 @dataclass(frozen=True)

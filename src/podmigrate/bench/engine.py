@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +43,15 @@ METHODS: list[tuple[str, str, str, str]] = [
     (breakdown.ONE_NODE, "podman-one-node", "", ""),
     ("cold restart", "cold", "none", "none"),
 ]
+
+
+class Variant:
+    """One of the settings a run alternates between: what it does to the lab before its
+    migrations (``apply``: the background load) and what it asks of each of them (``plan``:
+    security, old paths, which belong to that one migration and to no other on the lab)."""
+
+    def __init__(self, label: str, apply: Callable[[], object] = lambda: None, **plan: Any):
+        self.label, self.apply, self.plan = label, apply, plan
 
 
 def _row(label: str, heap: int, rec: Mapping[str, Any], warmup: bool = False) -> dict[str, Any]:
@@ -84,7 +92,7 @@ def run(
     out_dir: Path,
     report: Report = lambda _m: None,
     methods: list[str] | None = None,
-    warm_memory_gib: float | None = 0,  # None: all free memory but 4 GiB (bench.memory.warm)
+    warm_memory_gib: float | None = 0,  # None: what the runs touch (bench.memory.warm)
     security: tuple[str, ...] = ("on",),  # ("on", "off"): each run of each method with both, interleaved
     old_paths: tuple[str, ...] = (),  # engine.paths changes: each run with the new path and the old, interleaved
     load: tuple[str, ...] = ("off",),  # ("on", "off"): each run with the background load (bench.load) and without
@@ -112,16 +120,16 @@ def run(
         # the largest heap meets the most fresh memory: its first migrations before the warm-up, set
         # beside the first ones after it (``memory.effect``), say what warming changed in this run
         _fresh_pair(lab, max(heaps), rows, report)
-    warmed: dict[str, Any] = memory.warm(warm_memory_gib) if warm_memory_gib != 0 else {"gib": 0, "seconds": 0.0}
+    warmed: dict[str, Any] = {"gib": 0, "seconds": 0.0}
+    if warm_memory_gib != 0:
+        warmed = memory.warm(warm_memory_gib, memory.need_gib(list(heaps)))
     report(f"guest memory warm-up: touched {warmed['gib']} GiB in {warmed['seconds']} s")
     mesh = background.start(lab, report=report) if "on" in load else None
-    variants = _variants(lab, security, old_paths, load, mesh)
+    alternating = variants(security, old_paths, load, mesh)
     try:
         for index, heap in enumerate(heaps):
-            _heap_runs(lab, heap, index, chosen, runs, variants, rows, out_dir, report)
+            _heap_runs(lab, heap, index, chosen, runs, alternating, rows, out_dir, report)
     finally:
-        lab.set_security("on")
-        os.environ.pop("PODMIGRATE_OLD_PATHS", None)
         if mesh:
             mesh.stop()
     tab = table(rows)
@@ -134,7 +142,7 @@ def run(
     cost = security_cost(tab) if len(security) > 1 else []
     changed = paired(tab, "new path", f"old path: {','.join(old_paths)}") if old_paths else []
     loaded = paired(tab, "load on", "load off") if len(load) > 1 else []
-    targets = [t for v, _ in variants for t in breakdown.ratios(tab, rows, v)]
+    targets = [t for v in alternating for t in breakdown.ratios(tab, rows, v.label)]
     summary = {
         "created": time.time(),
         "heaps": heaps,
@@ -167,21 +175,23 @@ def _fresh_pair(lab: Lab, heap: int, rows: list[dict[str, Any]], report: Report)
     as warm-ups, so that no median includes them."""
     report(f"{heap} MB: two migrations before the guest memory warm-up, to say what it changes")
     try:
-        _start_and_pair(lab, heap, "10.89.1.199", memory.BEFORE, rows, report)
+        _start_and_pair(lab, heap, "10.89.1.199", memory.BEFORE, rows, report, {})
     finally:
         with contextlib.suppress(UsageError):  # a start that failed left nothing to stop
             manage.stop(lab, f"bench{heap}")
 
 
-def _start_and_pair(lab: Lab, heap: int, ip: str, label: str, rows: list[dict[str, Any]], report: Report) -> str:
-    """A fresh ``heap`` MB workload on node-a, moved to node-b and back by stop-copy/stream; the two
-    rows are warm-ups under ``label``. Returns the workload's name."""
+def _start_and_pair(
+    lab: Lab, heap: int, ip: str, label: str, rows: list[dict[str, Any]], report: Report, plan: dict[str, Any]
+) -> str:
+    """A fresh ``heap`` MB workload on node-a, moved to node-b and back by stop-copy/stream (with
+    ``plan``'s settings); the two rows are warm-ups under ``label``. Returns the workload's name."""
     name = f"bench{heap}"
     with contextlib.suppress(UsageError):
         manage.stop(lab, name)
     manage.start(lab, name, "node-a", heap, ip=ip, report=report)
     for target in ("node-b", "node-a"):
-        rec = migrate(lab, Plan(workload=name, target=target, transport="stream"))
+        rec = migrate(lab, Plan(workload=name, target=target, transport="stream", **plan))
         rows.append(_row(label, heap, rec, warmup=True))
     return name
 
@@ -192,7 +202,7 @@ def _heap_runs(
     index: int,
     chosen: list[tuple[str, str, str, str]],
     runs: int,
-    variants: list[tuple[str, Any]],
+    alternating: list[Variant],
     rows: list[dict[str, Any]],
     out_dir: Path,
     report: Report,
@@ -201,14 +211,15 @@ def _heap_runs(
     other = {"node-a": "node-b", "node-b": "node-a"}
     report(f"{heap} MB: starting the workload and warming up both nodes")
     # a static address: podman's create-image path keeps only those (the engine keeps any)
-    name = _start_and_pair(lab, heap, f"10.89.1.{200 + index}", "warm-up stop-copy/stream", rows, report)
+    ip = f"10.89.1.{200 + index}"
+    name = _start_and_pair(lab, heap, ip, "warm-up stop-copy/stream", rows, report, alternating[0].plan)
     for label, mode, transport, compression in chosen:
         for i in range(runs):
             # the variants alternate within each run (and their order flips every run), so that
             # drift in the machine's speed falls on both alike
-            for setting, apply in variants if i % 2 == 0 else variants[::-1]:
-                apply()
-                shown = f"{label} · {setting}" if len(variants) > 1 else label
+            for v in alternating if i % 2 == 0 else alternating[::-1]:
+                v.apply()
+                shown = f"{label} · {v.label}" if len(alternating) > 1 else label
                 source = manage.locate(lab, name).node
                 target = other[source]
                 report(f"{heap} MB: {shown} run {i + 1}/{runs} ({source} -> {target})")
@@ -218,9 +229,9 @@ def _heap_runs(
                 elif mode == "podman-one-node":
                     rec = podman_paths.podman_one_node(lab, name, source)
                 else:
-                    plan = Plan(workload=name, target=target, mode=mode, transport=transport, compression=compression)
+                    plan = Plan(name, target, mode, transport, compression, **v.plan)
                     rec = migrate(lab, plan)
-                rows.append({**_row(shown, heap, rec), "variant": setting})
+                rows.append({**_row(shown, heap, rec), "variant": v.label})
                 (out_dir / "rows.json").write_text(json.dumps(rows, indent=2))
     manage.stop(lab, name)
 
@@ -262,24 +273,25 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def _variants(
-    lab: Lab, security: tuple[str, ...], old_paths: tuple[str, ...], load: tuple[str, ...], mesh: background.Load | None
-) -> list[tuple[str, Any]]:
-    """(label, make it so) for each variant a run alternates between."""
+def variants(
+    security: tuple[str, ...], old_paths: tuple[str, ...], load: tuple[str, ...], mesh: background.Load | None
+) -> list[Variant]:
+    """The variants a run alternates between (one, unlabelled, when nothing is compared). Security
+    and old paths go into each migration's own plan: a migration of anyone else's on this lab in the
+    meantime keeps its security and the new paths."""
     if mesh is not None:
         if len(load) > 1:
-            return [(f"load {x}", mesh.on if x == "on" else mesh.off) for x in load]
+            return [Variant(f"load {x}", mesh.on if x == "on" else mesh.off, security=security[0]) for x in load]
         mesh.on()
     if len(security) > 1:
-        return [(f"security {s}", lambda s=s: lab.set_security(s)) for s in security]
-    lab.set_security(security[0])
+        return [Variant(f"security {s}", security=s) for s in security]
     if old_paths:
         chosen = paths.parse(",".join(old_paths))
         return [
-            ("new path", lambda: os.environ.pop("PODMIGRATE_OLD_PATHS", None)),
-            (f"old path: {','.join(chosen)}", lambda: os.environ.update(PODMIGRATE_OLD_PATHS=",".join(chosen))),
+            Variant("new path", security=security[0]),
+            Variant(f"old path: {','.join(chosen)}", security=security[0], old_paths=chosen),
         ]
-    return [("", lambda: None)]
+    return [Variant("", security=security[0])]
 
 
 def paired(tab: list[dict[str, Any]], first: str, second: str) -> list[dict[str, Any]]:

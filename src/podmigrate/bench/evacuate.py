@@ -58,11 +58,15 @@ def run(
     runs: int = 2,
     deadline_s: float = 120.0,
     report: Callable[[str], None] = lambda _m: None,
-    warm_memory_gib: float | None = 0,  # None: all free memory but 4 GiB (bench.memory.warm)
+    warm_memory_gib: float | None = 0,  # None: what the runs touch (bench.memory.warm)
 ) -> dict[str, Any]:
     ready_lab(lab, nodes=2, report=report)
     out_dir.mkdir(parents=True, exist_ok=True)
-    warmed = memory.warm(warm_memory_gib) if warm_memory_gib != 0 else {"gib": 0, "seconds": 0.0}
+    warmed = (
+        memory.warm(warm_memory_gib, memory.need_gib([sum(h for _n, h, _pod in parse_set(workloads))], copies=2))
+        if warm_memory_gib != 0
+        else {"gib": 0, "seconds": 0.0}
+    )
     report(f"guest memory warm-up: touched {warmed['gib']} GiB in {warmed['seconds']} s")
     mach = {**suite.machine(lab), "guest_memory_warmup": warmed}
     (out_dir / "machine.json").write_text(json.dumps(mach, indent=2))
@@ -117,7 +121,7 @@ def _regroup(lab: Lab, names: list[str], node: str, report: Callable[[str], None
         loc = manage.locate(lab, name)  # (a pod: its server, by which it moves whole)
         if loc.node != node:
             report(f"moving {name}, left behind, to {node}")
-            migrate(lab, Plan(loc.container["name"], node, "stop-copy", "stream"))
+            migrate(lab, Plan(loc.container["name"], node, "stop-copy"))  # the default transport
 
 
 def _resident(rows: list[dict[str, Any]]) -> int:

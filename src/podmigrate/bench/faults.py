@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -111,7 +110,7 @@ class Faults:
         """SIGKILL a supervised lab process and let the lab restart it BACK_AFTER_S later."""
         hold = self.lab.dir / "hold" / name
         hold.touch()
-        os.kill(int((self.lab.dir / "pids" / f"{name}.pid").read_text()), signal.SIGKILL)
+        self.lab.kill_service(name, signal.SIGKILL)
         self.later(lambda: hold.unlink(missing_ok=True))
 
     def inject(self, proc: subprocess.Popen[str]) -> None:

@@ -26,9 +26,18 @@ def available_gib() -> float:
     return kb / 2**20
 
 
-def warm(gib: float | None = None, keep_free_gib: float = 4.0) -> dict[str, Any]:
-    """Touch ``gib`` GiB (default: all available memory but ``keep_free_gib``) once, then free it."""
-    want = max(0.0, available_gib() - keep_free_gib) if gib is None else gib
+def need_gib(heaps_mb: list[int], copies: int = 3) -> float:
+    """What a benchmark's migrations touch at most: the largest heap's source, its copy on the target
+    and its checkpoint images in the page cache (``copies`` of it; an evacuation passes the whole
+    node's heaps), plus 1 GiB of podman, CRIU and the agents."""
+    return copies * max(heaps_mb, default=0) / 1024 + 1.0
+
+
+def warm(gib: float | None, need: float, keep_free_gib: float = 4.0) -> dict[str, Any]:
+    """Touch ``gib`` GiB once, then free it; ``None``: what this benchmark may take, ``need`` GiB
+    (``need_gib``), and never more than leaves ``keep_free_gib`` to whatever else runs here: other
+    labs and users share the machine, and memory this takes is memory their runs meet fresh."""
+    want = min(need, max(0.0, available_gib() - keep_free_gib)) if gib is None else gib
     chunks: list[mmap.mmap] = []
     t0 = time.monotonic()
     try:

@@ -82,7 +82,7 @@ def run(
     groups: tuple[str, ...] = ("decoupled", "stop-copy"),
     warmup: int = 2,
     report: Report = lambda _m: None,
-    warm_memory_gib: float | None = 0,  # None: all free memory but 4 GiB (bench.memory.warm)
+    warm_memory_gib: float | None = 0,  # None: what the runs touch (bench.memory.warm)
 ) -> list[dict[str, Any]]:
     unknown = [g for g in groups if g not in GROUPS or g == "cold"]
     if unknown:
@@ -92,7 +92,9 @@ def run(
         )
     lab.require_up()
     out_dir.mkdir(parents=True, exist_ok=True)
-    warmed = memory.warm(warm_memory_gib) if warm_memory_gib != 0 else {"gib": 0, "seconds": 0.0}
+    warmed = (
+        memory.warm(warm_memory_gib, memory.need_gib([heap_mb])) if warm_memory_gib != 0 else {"gib": 0, "seconds": 0.0}
+    )
     report(f"guest memory warm-up: touched {warmed['gib']} GiB in {warmed['seconds']} s")
     mach = {**machine(lab), "heap_mb": heap_mb, "guest_memory_warmup": warmed}
     (out_dir / "machine.json").write_text(json.dumps(mach, indent=2))

@@ -39,7 +39,7 @@ def bench() -> None:
     type=float,
     default=None,
     help="Touch this much guest memory once before measuring (first touch is slow on VMs); "
-    "default: all free memory but 4 GiB; 0: skip.",
+    "default: what the runs touch (3x the largest heap + 1 GiB), leaving 4 GiB free; 0: skip.",
 )
 @on_off("security", "on", "on,off: every run of every method with sealing and CRIU's TLS on and off, interleaved.")
 @click.option(

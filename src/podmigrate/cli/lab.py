@@ -56,22 +56,6 @@ def lab_up(ctx: click.Context, nodes: int, router: str | None, runtime: str, as_
     emit(st, as_json, render_status)
 
 
-@lab.command("security")
-@click.argument("setting", required=False, type=click.Choice(["on", "off"]))
-@click.option("--json", "as_json", is_flag=True)
-@click.pass_context
-def lab_security(ctx: click.Context, setting: str | None, as_json: bool) -> None:
-    """Show or set whether checkpoints are sealed (AES-256-GCM) and CRIU's pages go under TLS.
-
-    On by default. Off exists to measure what on costs (`bench engine --security on,off`); agents
-    always speak mutual TLS to each other whatever this says."""
-    the_lab = get_lab(ctx)
-    res = the_lab.set_security(setting) if setting else {"security": the_lab.security()}
-    if setting == "off":
-        out.print("[yellow]checkpoints now travel and rest unsealed, pages without TLS: for measuring only[/yellow]")
-    emit(res, as_json, lambda r: out.print(f"security [bold]{r['security']}[/bold]"))
-
-
 @lab.command("router")
 @click.argument("name", required=False, type=click.Choice(["route", "nft"]))
 @click.option("--json", "as_json", is_flag=True)

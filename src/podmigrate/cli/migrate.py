@@ -12,6 +12,7 @@ from rich.table import Table
 
 from podmigrate.cli.lab import get_lab
 from podmigrate.cli.output import emit, err, out, status
+from podmigrate.engine.plans import DEFAULT_TRANSPORT
 
 
 @click.command()
@@ -28,7 +29,7 @@ from podmigrate.cli.output import emit, err, out, status
 )
 @click.option(
     "--transport",
-    default="stream",
+    default=DEFAULT_TRANSPORT,
     show_default=True,
     type=click.Choice(["registry", "stream", "archive"]),
     help="stream (the fastest with zero drift): memory pages into the target's CRIU page server during the "
@@ -63,6 +64,20 @@ from podmigrate.cli.output import emit, err, out, status
     "--probe",
     help="How to probe the service: http:PORT/PATH or tcp:PORT (default: from the container's podmigrate.* labels).",
 )
+@click.option(
+    "--security",
+    default="on",
+    show_default=True,
+    type=click.Choice(["on", "off"]),
+    help="off: this migration's checkpoint travels unsealed and its pages without TLS (agents keep mutual "
+    "TLS); only to measure what on costs. Other migrations are not affected.",
+)
+@click.option(
+    "--old-paths",
+    default="",
+    help="Measuring only: take engine.paths' old path for these changes (comma-separated, or all) in this "
+    "migration; the record lists the ones it took.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the full migration record as JSON.")
 @click.pass_context
 def migrate(
@@ -76,9 +91,12 @@ def migrate(
     only: tuple[str, ...],
     drain_timeout: float,
     probe: str | None,
+    security: str,
+    old_paths: str,
     as_json: bool,
 ) -> None:
     """Move running container NAME to node TARGET with its memory, address and connections."""
+    from podmigrate.engine import paths
     from podmigrate.engine.controller import Plan
     from podmigrate.engine.controller import migrate as run_migration
 
@@ -92,6 +110,8 @@ def migrate(
         only=only,
         probe=probe,
         drain_timeout=drain_timeout,
+        security=security,
+        old_paths=paths.parse(old_paths),
     )
     with status(f"Migrating {name} to {target} ({mode}, {transport})") as report:
         rec = run_migration(get_lab(ctx), plan, report)
@@ -120,6 +140,10 @@ def render_migration(rec: dict[str, Any]) -> None:
             for d in cut.get("drain", [])
         )
         out.print(f"cutover: {cut.get('router')} switch {cut.get('switch_s', 0) * 1000:.1f} ms{drained}")
+    if rec.get("security"):
+        out.print("security: " + describe_security(rec["security"]))
+    if rec.get("old_paths"):
+        out.print(f"[yellow]old paths taken (measuring):[/] {', '.join(rec['old_paths'])}")
     for w in rec.get("warnings") or []:
         err.print(f"[yellow]warning:[/] {w}")
     if rec.get("checks"):
@@ -129,6 +153,20 @@ def render_migration(rec: dict[str, Any]) -> None:
             f"counter {b['counter']} → {a['counter']}  checks: "
             + ", ".join(f"{k}={'ok' if v else 'FAIL'}" for k, v in rec["checks"].items())
         )
+
+
+def describe_security(sec: dict[str, Any]) -> str:
+    """What a record's ``security`` says crossed how, in one line (only what it says happened)."""
+    parts = []
+    if "sealed" in sec:
+        parts.append("checkpoint " + ("sealed" if sec["sealed"] else "NOT sealed"))
+    if "pages" in sec:
+        parts.append(f"pages {sec['pages']}")
+    if "agents" in sec:
+        parts.append(f"agent to agent {sec['agents']}")
+    if "controller" in sec:
+        parts.append(f"controller to agents {sec['controller']}")
+    return "; ".join(parts) or "nothing crossed between the nodes"
 
 
 @click.command()

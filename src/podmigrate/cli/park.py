@@ -28,7 +28,9 @@ def park(ctx: click.Context, name: str, as_json: bool) -> None:
         rec = run_park(get_lab(ctx), name, report)
 
     def render(r: dict[str, Any]) -> None:
-        out.print(f"parked {name} from {r['source']} as {r['reference']} (sealed: {r['security']['sealed']})")
+        out.print(
+            f"parked {name} from {r['source']} as {r['reference']} (sealed: {r['security'].get('sealed', False)})"
+        )
         out.print(f"restore it with: podmigrate restore {name} --to NODE")
 
     emit(rec, as_json, render)

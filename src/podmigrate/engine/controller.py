@@ -16,8 +16,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
 
-from podmigrate import layout, transport
-from podmigrate.engine import parking, plans, summary
+from podmigrate import layout, procs, transport
+from podmigrate.engine import parking, paths, plans, summary
 from podmigrate.engine.phases import PROBE_FROM, Ctx, Report, implementations
 from podmigrate.engine.phases.traffic import release_target_memory, start_probe, stop_probe_quietly
 from podmigrate.engine.phases.validate import parse_probe
@@ -31,14 +31,26 @@ from podmigrate.lab.claims import Claims
 from podmigrate.lab.handle import LabHandle
 from podmigrate.transport.registry import repository_component
 
-__all__ = ["MODES", "TRANSPORTS", "Plan", "migrate", "parse_probe", "recover", "restore", "store_for"]
+__all__ = [
+    "DEFAULT_TRANSPORT",
+    "MODES",
+    "TRANSPORTS",
+    "Plan",
+    "migrate",
+    "parse_probe",
+    "recover",
+    "restore",
+    "store_for",
+]
 
 MODES = ("stop-copy", "decoupled", "lazy", "cold")
 PARK = "park"  # not a way to another node: the checkpoint waits in the registry (engine.phases.parked)
 # the transports' siblings (transport.TRANSPORTS); archive is podman's own --export / --import path
 # with an agent-to-agent copy (a baseline)
 TRANSPORTS = tuple(transport.TRANSPORTS)
+DEFAULT_TRANSPORT = plans.DEFAULT_TRANSPORT
 COMPRESSIONS = ("none", "gzip", "zstd")
+SECURITY = ("on", "off")
 
 
 @dataclass
@@ -46,7 +58,7 @@ class Plan:
     workload: str
     target: str
     mode: str = "stop-copy"
-    transport: str = "registry"
+    transport: str = plans.DEFAULT_TRANSPORT
     compression: str = "none"  # registry transport: none (heaps do not compress), gzip, zstd
     tcp_established: bool = True
     # pods: checkpoint only these members; the others start fresh on the target (severs their loopback
@@ -56,6 +68,10 @@ class Plan:
     probe_interval: float = 0.02
     verify_timeout: float = 120.0
     drain_timeout: float = 2.0  # decoupled with a draining router: connections open at the cutover
+    # this migration's alone, for measuring (bench engine): off leaves its checkpoint unsealed and
+    # its pages without TLS; old_paths takes engine.paths' old paths. Other migrations keep theirs.
+    security: str = "on"
+    old_paths: tuple[str, ...] = ()
 
 
 def store_for(lab: LabHandle) -> Store:
@@ -153,6 +169,7 @@ def new_record(plan: Plan) -> Record:
         "rollbacks": [],
         "created": time.time(),
         "controller_pid": os.getpid(),
+        "controller_start": procs.start_time(os.getpid()),
         "plan": cast(PlanDict, plan.__dict__.copy()),
         "reference": f"{layout.REGISTRY}/podmigrate/checkpoints/{repository_component(plan.workload)}:{mid}",
     }
@@ -170,6 +187,9 @@ def check_request(lab: LabHandle, plan: Plan) -> None:
         raise UsageError("compression applies to the registry transport only", hint="add --transport registry")
     if plan.mode != "cold" and plan.transport not in TRANSPORTS:  # cold moves no checkpoint
         raise UsageError(f"unknown transport {plan.transport!r}", hint=f"transports: {', '.join(TRANSPORTS)}")
+    if plan.security not in SECURITY:
+        raise UsageError(f"security is on or off, not {plan.security!r}")
+    paths.parse(",".join(plan.old_paths))
     lab.require_up()
     if plan.target not in lab.nodes:
         raise UsageError(
@@ -193,7 +213,8 @@ def restore(lab: LabHandle, workload: str, target: str, report: Report = lambda 
     """Restore a parked ``workload`` on ``target``, its state checked against the parked one; a
     failure leaves it parked."""
     entry, key = parking.load(lab, workload)
-    plan = Plan(workload, target, "stop-copy", "registry")
+    # the parked image is opened as it was sealed: with the key the park kept, or without one
+    plan = Plan(workload, target, "stop-copy", "registry", security="on" if key else "off")
     check_request(lab, plan)
     rec = new_record(plan)
     rec["scope"] = "parked"
@@ -201,7 +222,6 @@ def restore(lab: LabHandle, workload: str, target: str, report: Report = lambda 
     rec["reference"] = entry["reference"]
     rec["checkpoint_image"] = entry["checkpoint_image"]
     rec["parked"] = entry
-    rec["security"] = {"sealed": bool(entry["sealed"]), "criu_tls": False, "agents": "mutual TLS"}
     return _run(lab, rec, report, key)
 
 
@@ -269,8 +289,8 @@ def recover(lab: LabHandle, store: Store, report: Report = lambda _m: None) -> l
     for rec in store.active():
         if rec["id"] in running:
             continue  # its controller holds the claim: alive, perhaps a thread of this very process
-        pid = rec.get("controller_pid")
-        if pid and pid != os.getpid() and os.path.exists(f"/proc/{pid}"):
+        pid, start = rec.get("controller_pid"), rec.get("controller_start")
+        if pid and pid != os.getpid() and start is not None and procs.alive(procs.Proc(pid, start)):
             continue
         report(f"recovering migration {rec['id']} left in phase {rec['phase']} by a dead controller")
         ctx = Ctx(lab, store, rec, report)

@@ -36,7 +36,7 @@ from typing import Any
 
 from podmigrate.engine import rates as rates_mod
 from podmigrate.engine import schedule
-from podmigrate.engine.controller import Plan, store_for
+from podmigrate.engine.controller import DEFAULT_TRANSPORT, Plan, store_for
 from podmigrate.engine.controller import migrate as run_migration
 from podmigrate.engine.phases import Report
 from podmigrate.engine.record import Record
@@ -303,7 +303,7 @@ class Evacuation:
         if step.action == "park":  # no node can take it in time: into the registry, for `podmigrate restore`
             return self.migrate(self.lab, Plan(step.workload, "", "park", "registry"), note)
         assert step.target and step.mode and step.transport
-        plan = Plan(step.workload, step.target, step.mode, step.transport if step.mode != "cold" else "stream")
+        plan = Plan(step.workload, step.target, step.mode, step.transport if step.mode != "cold" else DEFAULT_TRANSPORT)
         return self.migrate(self.lab, plan, note)
 
     def _settle(self, f: Future[Record], step: Step, o: Outcome, queue: list[Step]) -> list[Step]:

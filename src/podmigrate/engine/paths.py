@@ -1,16 +1,22 @@
 """Fixed costs taken out of the blackout (issue 14), each of which can be put back to measure it.
 
 Every change here moved work from inside the blackout to before the freeze or after the copy's
-first answer. ``PODMIGRATE_OLD_PATHS=name,...`` (or ``all``) makes the controller take the old path
-for those, so that ``podmigrate bench engine --old-paths NAME`` measures a change alone, interleaved
-with the new path in one run. It exists for measuring only; the new paths are the product.
+first answer. A migration whose plan names some of them (``Plan.old_paths``: ``podmigrate migrate
+--old-paths NAME,...`` or ``all``) takes the old path for those, and its record lists the ones it
+took (``old_paths``), so that ``podmigrate bench engine --old-paths NAME`` measures a change alone,
+interleaved with the new path in one run. It belongs to that one migration: any other migration,
+in this process or on this lab, keeps the new paths. It exists for measuring only; the new paths
+are the product.
 """
 
 from __future__ import annotations
 
-import os
+from typing import TYPE_CHECKING
 
 from podmigrate.errors import UsageError
+
+if TYPE_CHECKING:
+    from podmigrate.engine.record import Record
 
 CHANGES = {
     "restore-image-check": "the target's restore no longer asks podman whether the image is there first "
@@ -48,10 +54,17 @@ CHANGES = {
 }
 
 
-def old(change: str) -> bool:
-    """Whether this controller takes the old path for ``change``."""
-    wanted = {x.strip() for x in os.environ.get("PODMIGRATE_OLD_PATHS", "").split(",") if x.strip()}
-    return change in wanted or "all" in wanted
+def old(rec: Record, change: str) -> bool:
+    """Whether the migration of ``rec`` takes the old path for ``change`` (its plan asked for it);
+    one it takes is added to the record's ``old_paths``, from the moment it is taken."""
+    plan = rec.get("plan")
+    wanted = set(plan.get("old_paths") or ()) if plan else set()
+    if change not in wanted and "all" not in wanted:
+        return False
+    taken = rec.setdefault("old_paths", [])
+    if change not in taken:
+        taken.append(change)
+    return True
 
 
 def parse(value: str) -> tuple[str, ...]:

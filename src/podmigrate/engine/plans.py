@@ -71,6 +71,10 @@ class Row:
     resume: Resume
 
 
+# how a lab migration moves its checkpoint unless told otherwise: the library's Plan, the CLI and the
+# benchmarks all take it from here (the fastest way that keeps zero drift; Kubernetes has registry only)
+DEFAULT_TRANSPORT = "stream"
+
 P = PhaseName
 _LAB = Resume.ROLLBACK
 _K8S = Resume.RERUN

@@ -4,7 +4,7 @@ source was no longer needed) and through (resident bytes, blackout) of the compl
 
 With migrations of sizes spanning 4x or more the line is fitted (least squares); otherwise the default's slope
 through their median (see ``_line``); with none, the default: this lab's figures from
-issue 14's benchmark (README), marked as such in ``basis`` so that a plan shows what it rests on.
+issue 14's benchmark (docs/measurements.md), marked as such in ``basis`` so that a plan shows what it rests on.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 from podmigrate.engine.schedule import GB, Factor, Rate
 
 # (fixed s, bytes per s, blackout fixed s, blackout bytes per s or None): 2-core VM, security on.
-# Lazy's time is until its last page moved: CRIU's lazy-pages tail, ~70 MB/s here (README, issue 15);
+# Lazy's time is until its last page moved: CRIU's lazy-pages tail, ~70 MB/s here (docs/measurements.md, issue 15);
 # stop-copy/stream through the sealed page relay with the local lazy restore (issue 14, 2026-12-04
 # night: 64 MB 1.4 s until the pages are in and verified, 0.64 s of blackout; 1 GB 5.1 s, 2.0 s)
 DEFAULTS: dict[str, tuple[float, float, float, float | None]] = {
@@ -70,6 +70,9 @@ def learn(
     for rec in records:
         if rec.get("status") != "completed" or rec.get("scope") == "pod" or not rec.get("rss_bytes"):
             continue
+        plan = rec.get("plan") or {}
+        if plan.get("security", "on") != "on" or plan.get("old_paths"):
+            continue  # a benchmark's variant (security off, an old path), not how this lab migrates
         span, blackout = _span(rec), rec.get("blackout_s")
         if span is None or blackout is None:
             continue

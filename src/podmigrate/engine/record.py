@@ -13,7 +13,7 @@ import json
 import sqlite3
 import time
 from pathlib import Path
-from typing import Any, Protocol, TypedDict, cast
+from typing import Any, NotRequired, Protocol, TypedDict, cast
 
 # Statuses: running -> completed | rolled_back | failed; rolling_back while the undos run (a
 # controller that dies then leaves it for the next one to finish the rollback).
@@ -73,6 +73,23 @@ class PlanDict(TypedDict):
     probe_interval: float
     verify_timeout: float
     drain_timeout: float
+    security: NotRequired[str]  # on | off (measuring only); absent in records older than the field: on
+    old_paths: NotRequired[tuple[str, ...] | list[str]]  # engine.paths changes to take the old path for
+
+
+class Security(TypedDict, total=False):
+    """How this migration's bytes and calls crossed, each key set by the phase that saw it happen
+    (from the agent's answer or the client that was used), never up front: a key that is missing
+    says that nothing crossed that way (a cold restart has no ``sealed``, a registry migration no
+    ``pages``, ``agents``). Never a key."""
+
+    sealed: bool  # the checkpoint crossed sealed with the migration's key (push, pull or upload said so)
+    # memory pages that crossed outside the checkpoint: a streamed dump's into the target's page
+    # server, a lazy copy's fetched from the source: "sealed relay" (transport.pagerelay, AES-256-GCM),
+    # "criu tls" (CRIU's own GnuTLS; the old path criu-tls-pages), "plain" (security off)
+    pages: str
+    controller: str  # how this controller reached the agents (client.AgentClient.channel): "unix socket + token"
+    agents: str  # how the source agent's uploads reached the target agent: "mutual TLS (TLSv1.3)"
 
 
 class PodPlan(TypedDict, total=False):
@@ -150,7 +167,8 @@ class Record(RunRecord, total=False):
     reference: str  # the checkpoint image's reference (registry transport)
     created: float
     updated: float
-    controller_pid: int  # a dead pid with an active status means: recover
+    controller_pid: int  # with controller_start: a dead controller with an active status means recover
+    controller_start: int | None  # its start time (procs.Proc): a reused pid is not the controller
     image: str  # the container's base image
     image_id: str  # and its ID (park: the restore's target needs that very image)
     checkpoint_id: str  # a restore of a parked checkpoint: the park's id, which its seal names
@@ -174,7 +192,8 @@ class Record(RunRecord, total=False):
     restored_check: str  # when the copy's state and addresses were checked (engine.paths)
     first_answer_at: float
     criu: dict[str, Any]  # CRIU's statistics: dump, restore (pods: per member)
-    security: dict[str, Any]  # sealed checkpoints, CRIU's TLS, how agents authenticate (never a key)
+    security: Security
+    old_paths: list[str]  # the engine.paths changes this migration took the old path for (plan.old_paths)
     bytes: Bytes
     checkpoint_image: CheckpointImage
     stream: dict[str, Any]  # sha256 and seconds of the agent-to-agent copy

@@ -37,7 +37,8 @@ from podmigrate.k8s.crd import TERMINAL as PLM_TERMINAL
 LABEL = ev.ANNOTATION  # the node it empties and the migrations it made carry its name under one key
 MIRROR = "kubernetes.io/config.mirror"
 ASSUMED = 256 << 20
-# (fixed s, bytes/s, blackout fixed s, blackout bytes/s): README's ``bench k8s`` on this machine (64 MB-1 GB)
+# (fixed s, bytes/s, blackout fixed s, blackout bytes/s): ``bench k8s`` on this machine, 64 MB-1 GB
+# (docs/measurements.md)
 K8S_DEFAULTS: dict[str, tuple[float, float, float, float | None]] = {
     "stop-copy/registry": (2.6, 65e6, 2.0, 65e6),
     "cold/none": (1.4, 100e9, 0.8, None),
@@ -154,7 +155,7 @@ class Evacuator:
                     recs.append({"status": "completed", "mode": p["mode"], "transport": p.get("transport"),
                                  "rss_bytes": p["memory"], "blackout_s": p.get("blackoutSeconds") or 0.0,
                                  "phases": [{"name": "all", "started": 0.0, "ended": p["tookSeconds"]}]})  # fmt: skip
-        return rates_mod.learn(recs, K8S_DEFAULTS, "this lab's bench k8s (README)")
+        return rates_mod.learn(recs, K8S_DEFAULTS, "this lab's bench k8s (docs/measurements.md)")
 
     def plan(self, pods: list[dict[str, Any]], targets: list[schedule.Target], left: float) -> schedule.EvacuationPlan:
         rates = self.rates()

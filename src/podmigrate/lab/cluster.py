@@ -13,13 +13,16 @@ that cannot be read back from these files and processes.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from podmigrate import layout
+from podmigrate import layout, procs
 from podmigrate.client import AgentClient
 from podmigrate.errors import LabError, UsageError
 from podmigrate.lab import lifecycle
@@ -42,7 +45,13 @@ class Lab:
     # ------------------------------------------------------------------ state
     @property
     def cgroup(self) -> Path:
-        return cgroup2_root() / layout.cgroup_name(self.name)
+        # the one its lab.json names, if it has one (a lab started before cgroups were named from
+        # their home as well keeps its own); else this home's name for it
+        try:
+            name = str(json.loads((self.dir / "lab.json").read_text())["cgroup"])
+        except (OSError, ValueError, KeyError):
+            name = layout.cgroup_name(self.name, str(self.base))
+        return cgroup2_root() / name
 
     def config(self) -> dict[str, Any]:
         try:
@@ -78,7 +87,28 @@ class Lab:
         return AgentClient(name, self.dir / "agents" / f"{name}.sock", self.token(), timeout=timeout)
 
     def node_pid(self, node: str) -> int:
-        return int((self.dir / "pids" / f"holder-{node}.pid").read_text())
+        p = procs.read_pidfile(self.dir / "pids" / f"holder-{node}.pid")
+        if p is None:
+            raise LabError(f"node {node} of lab {self.name!r} is not running", hint="podmigrate lab status")
+        return p.pid
+
+    @property
+    def cgroup_path(self) -> str:
+        """The lab's cgroup2 path as /proc/PID/cgroup shows it on the host: a process is the lab's if
+        it is in there (``procs.kill``'s check)."""
+        return "/" + self.cgroup.relative_to(cgroup2_root()).as_posix()
+
+    def service(self, name: str) -> procs.Proc | None:
+        """A supervised service of the lab (registry, an agent, containerd-NODE), by its pid file."""
+        p = procs.read_pidfile(self.dir / "pids" / f"{name}.pid")
+        return p if p is not None and procs.in_cgroup(p.pid, self.cgroup_path) else None
+
+    def kill_service(self, name: str, sig: int) -> procs.Proc:
+        """Signal one supervised service of this lab (its supervisor restarts it unless held)."""
+        p = self.service(name)
+        if p is None or not procs.kill(p, sig, self.cgroup_path):
+            raise LabError(f"lab {self.name!r} has no running {name}", hint="podmigrate lab status")
+        return p
 
     # ------------------------------------------------------------------ exec
     def command(self, target: str, argv: Sequence[str]) -> tuple[list[str], Path]:
@@ -132,11 +162,26 @@ class Lab:
         self, nodes: int = 2, report: Report = lambda _m: None, router: str | None = None, runtime: str = "podman"
     ) -> dict[str, Any]:
         """Build the node image if needed and start the lab (idempotent); its status."""
-        return lifecycle.up(self, nodes, report, router, runtime)
+        with self._exclusive():
+            return lifecycle.up(self, nodes, report, router, runtime)
 
     def down(self, report: Report = lambda _m: None) -> None:
         """Stop every process of the lab and remove everything it created."""
-        lifecycle.down(self, report)
+        with self._exclusive():
+            lifecycle.down(self, report)
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """One ``up`` or ``down`` of this lab at a time: two at once (two commands, two test runs
+        of one name) would each take the other's half-made lab for leftovers and remove it."""
+        locks = self.base / "labs"
+        locks.mkdir(parents=True, exist_ok=True)
+        fd = os.open(locks / f".{self.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------------ router
     def router(self) -> dict[str, Any]:
@@ -161,21 +206,6 @@ class Lab:
         finally:
             lan.close()
 
-    # ------------------------------------------------------------------ security
-    def security(self) -> str:
-        """``on`` (sealed checkpoints, CRIU's pages under TLS) unless set ``off`` to measure its cost."""
-        path = self.dir / "security"
-        return "off" if path.exists() and path.read_text().strip() == "off" else "on"
-
-    def set_security(self, setting: str) -> dict[str, Any]:
-        if setting not in ("on", "off"):
-            raise UsageError(f"security is on or off, not {setting!r}")
-        self.require_up()
-        tmp = self.dir / "security.new"
-        tmp.write_text(setting)
-        tmp.replace(self.dir / "security")  # agents read it at every call: never half-written
-        return {"security": setting}
-
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
         pid = self.holder_pid()
@@ -187,7 +217,6 @@ class Lab:
             pid=pid,
             registry=f"http://{layout.REGISTRY}",
             runtime=cfg.get("runtime", "podman"),
-            security=self.security(),
             nodes=[],
         )
         lan = self.agent("lan", timeout=5)

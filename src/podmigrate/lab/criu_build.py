@@ -1,4 +1,4 @@
-"""podmigrate's CRIU: the node image's CRIU rebuilt from Debian's source with the patch in
+"""podmigrate's CRIU: the node image's CRIU rebuilt from Debian's source with the patches in
 ``criu_patches``, installed beside the packaged one and run for every CRIU run on a node.
 
 ``0001-lazy-dump-mode-read``: ``--lazy-dump-mode=read`` leaves a lazy dump's pages in the frozen tasks
@@ -6,20 +6,35 @@
 freeze, the one step of a lazy dump that grew with the heap (issue 14; engine.paths
 "lazy-dump-splice" measures it).
 
+``0002-rlimits-without-cap-sys-resource``: a root without CAP_SYS_RESOURCE (this lab's, a hardened
+host's) may not prlimit() another user's task, so packaged CRIU cannot dump a non-root process at
+all ("Can't get rlimit 0"); this one reads such a task's limits from /proc/PID/limits, and on restore
+keeps a hard limit it may not raise at the restorer's own (clamped, not left unset), both logged
+(issue 31, tests/test_nonroot.py).
+
 It is built once per image, in a throw-away overlay of the image (the compiler and the -dev packages
 never enter it), against the image's own libraries, from the same upstream tarball as Debian's
 package, checked by its SHA-256. CRIU keys its kernel-feature cache (/run/criu.kdat) to its build
 time (``KDAT_MAGIC_2``): two CRIU binaries on one node would throw each other's cache away, and every
 run would probe the kernel again (some 30 ms), so the gate (``runtime.speculative``) hands every run
 to this one, and the build time is fixed.
+
+Two builds may share ``cache`` (two homes' images never do, but two checkouts' may): each works in
+its own temporary directory, the tarball is downloaded under a unique name and renamed into place,
+and what crashed builds left is removed only under ``cache/.lock``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
+import os
+import secrets
 import shutil
+import tempfile
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from podmigrate.errors import LabError
@@ -54,13 +69,16 @@ def fetch(cache: Path, mirror: str) -> Path:
     if dest.exists() and _sha256(dest) == ORIG_SHA256:
         return dest
     url = f"{mirror}/pool/main/c/criu/{ORIG}"
-    part = dest.with_suffix(".part")
+    part = dest.with_name(f"{dest.name}.{os.getpid()}-{secrets.token_hex(4)}.part")
     try:
         with urllib.request.urlopen(url, timeout=120) as r, open(part, "wb") as f:
             shutil.copyfileobj(r, f)
     except OSError as e:
         part.unlink(missing_ok=True)
-        raise LabError(f"downloading {url} failed: {e}", hint="is the Debian mirror reachable?") from e
+        raise LabError(
+            f"downloading {url} failed: {e}",
+            hint="is the Debian mirror reachable? (it is the host's apt mirror, or PODMIGRATE_MIRROR)",
+        ) from e
     got = _sha256(part)
     if got != ORIG_SHA256:
         part.unlink()
@@ -97,6 +115,7 @@ cd criu-{VERSION}
 for p in ../patches/*.patch; do patch -p1 --forward <"$p"; done
 make -j"$(nproc)" criu
 ./criu/criu --help | grep -q -- --lazy-dump-mode
+grep -q "rlimits read from /proc/" criu/criu
 '
 """
 
@@ -104,24 +123,36 @@ make -j"$(nproc)" criu
 def build(root: Path, cache: Path, mirror: str, run: Run) -> None:
     """Build podmigrate's CRIU for the image at ``root`` and install it there as ``BINARY``."""
     orig = fetch(cache, mirror)
-    work = cache / "criu-build"
-    shutil.rmtree(work, ignore_errors=True)
-    src = work / "upper/build"
-    for d in (work / "work", work / "merged", src / "patches"):
-        d.mkdir(parents=True)
-    shutil.copy(orig, src / ORIG)
-    for p in PATCHES:
-        shutil.copy(p, src / "patches" / p.name)
+    with _lock(cache):
+        for left in cache.glob("criu-build-*"):  # a crashed build's: none runs while we hold the lock
+            shutil.rmtree(left, ignore_errors=True)
+        work = Path(tempfile.mkdtemp(prefix="criu-build-", dir=cache))
+        try:
+            src = work / "upper/build"
+            for d in (work / "work", work / "merged", src / "patches"):
+                d.mkdir(parents=True)
+            shutil.copy(orig, src / ORIG)
+            for p in PATCHES:
+                shutil.copy(p, src / "patches" / p.name)
+            run(["unshare", "-m", "--propagation", "private", "sh", "-c", script(root, work)], "criu-build")
+            dest = root / BINARY.lstrip("/")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(dest.name + ".new")
+            shutil.copy(src / f"criu-{VERSION}/criu/criu", tmp)
+            tmp.chmod(0o755)
+            tmp.rename(dest)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _lock(cache: Path) -> Iterator[None]:
+    fd = os.open(cache / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        run(["unshare", "-m", "--propagation", "private", "sh", "-c", script(root, work)], "criu-build")
-        dest = root / BINARY.lstrip("/")
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = dest.with_name(dest.name + ".new")
-        shutil.copy(src / f"criu-{VERSION}/criu/criu", tmp)
-        tmp.chmod(0o755)
-        tmp.rename(dest)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        os.close(fd)
 
 
 def installed(root: Path) -> bool:

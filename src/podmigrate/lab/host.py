@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from podmigrate import procs
 from podmigrate.errors import LabError
 
 Report = Callable[[str], None]
@@ -47,23 +48,22 @@ def join(cgroup: Path) -> Callable[[], None]:
 
 def holder_pid(lab_dir: Path) -> int | None:
     """The lab holder's pid if it is alive, in its own mount namespace, and finished starting."""
+    p = procs.read_pidfile(lab_dir / "lab.pid")
     try:
-        pid = int((lab_dir / "lab.pid").read_text())
         ready = int((lab_dir / "ready").read_text())
     except (OSError, ValueError):
         return None
-    try:
-        if os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt"):
-            return None
-    except OSError:
+    if p is None or procs.same_mount_ns(p.pid) or not os.path.exists(f"/proc/{p.pid}/ns/mnt"):
         return None
-    return pid if ready == pid else None
+    return p.pid if ready == p.pid else None
 
 
 def reap(pidfile: Path) -> None:
     """Collect the lab holder's exit status if this process started it (else it stays a zombie)."""
     with contextlib.suppress(OSError, ValueError):
-        os.waitpid(int(pidfile.read_text()), os.WNOHANG)
+        p = procs.parse(pidfile.read_text())
+        if p is not None:
+            os.waitpid(p.pid, os.WNOHANG)
 
 
 def rmdir(d: Path) -> None:
@@ -80,7 +80,7 @@ def rmdir(d: Path) -> None:
             time.sleep(0.05)
 
 
-def procs(cg: Path) -> list[int]:
+def cgroup_pids(cg: Path) -> list[int]:
     pids: list[int] = []
     for f in [cg / "cgroup.procs", *cg.rglob("cgroup.procs")]:
         with contextlib.suppress(OSError):

@@ -1,29 +1,38 @@
 """The node image: a debootstrapped Debian trixie rootfs with CRIU >= 4.2, Podman, runc, buildah,
-skopeo, the distribution registry and nftables, built once and cached.
+skopeo, the distribution registry and nftables, built once per spec and cached.
 
-Nothing is installed on the host but debootstrap. CRIU comes from sid (trixie's 4.1.1 cannot dump
-sockets on kernels >= 6.16), pinned at priority 100 and installed in a second apt run so that its
-dependencies do not drag a sid libnftables into the image. The configuration files are rewritten on
-every ``lab up`` (cheap), so changing them never forces a rebuild.
+Nothing is installed on the host but debootstrap. The packages come from the host's own Debian
+mirror (``mirror``). CRIU comes from sid (trixie's 4.1.1 cannot dump sockets on kernels >= 6.16),
+pinned at priority 100 and installed in a second apt run so that its dependencies do not drag a sid
+libnftables into the image.
+
+Each spec (``spec_hash``) is its own directory, built once under a lock and never written again
+(``image_store``): labs running on one version never see it change under them. The runtime
+configuration (CRIU's options for runc, Podman's, the registry's, the CRIU gate, containerd's
+wrappers) is not in the image: each lab writes its own into its state directory (``stage_config``)
+and STAGE1 (``lifecycle``) bind-mounts it over the image's placeholders, so changing it never
+forces a rebuild.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from podmigrate import layout
 from podmigrate.errors import LabError, PreflightError
-from podmigrate.lab import containerd, criu_build
+from podmigrate.lab import containerd, criu_build, host, mirror
 from podmigrate.lab.host import Report
+from podmigrate.lab.image_store import ImageStore
 from podmigrate.runtime import speculative
 
 SUITE = "trixie"
 CRIU_SUITE = "sid"
-MIRROR = os.environ.get("PODMIGRATE_MIRROR", "http://deb.debian.org/debian")
 PACKAGES = [
     "podman",
     "runc",
@@ -78,24 +87,124 @@ CRIU_RUNC_CONF = "manage-cgroups=ignore\nskip-in-flight\nnetwork-lock=nftables\n
 REGISTRIES_CONF = f'[[registry]]\nlocation = "{layout.REGISTRY}"\ninsecure = true\n'
 
 
-def spec_hash() -> str:
-    words = [SUITE, MIRROR, *PACKAGES, *CRIU_PACKAGES, criu_build.spec()]
+# Mount points the lab and its nodes bind over, created in the image when it is built
+MOUNT_DIRS = (
+    "oldroot",
+    "opt/podmigrate/podmigrate",
+    layout.IN_LAB_STATE[1:],
+    layout.IN_LAB_CACHE[1:],
+    layout.NODE_CHECKPOINTS[1:],
+    "etc/criu",
+    "etc/containers/registries.conf.d",
+    "etc/containers/networks",
+)
+# The lab's runtime configuration (``stage_config``): empty placeholders in the image, each lab's own
+# files bind-mounted over them at its start
+MOUNT_FILES = (
+    "etc/criu/runc.conf",
+    "etc/containers/containers.conf",
+    "etc/containers/registries.conf.d/50-podmigrate.conf",
+    speculative.CRIU_GATE_PATH[1:],
+    containerd.RUNC_NOCG[1:],
+    containerd.RESTORE_RUNC[1:],
+    "etc/podmigrate/runc-restore.json",
+)
+# CRIU reads default.conf on every run (page servers and lazy-pages daemons too), crun its crun.conf:
+# no options but the ones podmigrate passes and runc.conf's
+CRIU_CONF_DROPPED = ("etc/criu/default.conf", "etc/criu/crun.conf")
+
+
+def packages_hash() -> str:
+    """What is installed, from where: also the marker of the old layout's image (``image_store``)."""
+    words = [SUITE, mirror.debian_mirror(), *PACKAGES, *CRIU_PACKAGES, criu_build.spec()]
     return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
 
 
+def spec_hash() -> str:
+    """The image's version: what is installed and the mount points the lab needs in it."""
+    words = [packages_hash(), *MOUNT_DIRS, *MOUNT_FILES, *CRIU_CONF_DROPPED]
+    return hashlib.sha256(" ".join(words).encode()).hexdigest()[:16]
+
+
+def prepare_mount_points(root: Path) -> None:
+    """The last step of a build (or of adopting an old-layout image): mount points, no configuration."""
+    for d in MOUNT_DIRS:
+        (root / d).mkdir(parents=True, exist_ok=True)
+    for f in MOUNT_FILES:
+        (root / f).parent.mkdir(parents=True, exist_ok=True)
+        (root / f).touch()
+    for f in CRIU_CONF_DROPPED:
+        (root / f).unlink(missing_ok=True)
+
+
 class NodeImage:
+    """The node image of one ``PODMIGRATE_HOME``: its versions in ``<home>/node-image/<version>``."""
+
     def __init__(self, root: Path):
-        self.root = root
-        self.marker = root / ".podmigrate-image"
+        # ``root`` is the old layout's one image, <home>/node-image/rootfs: versions live beside it
+        store = Path(os.path.abspath(root.parent))
+        self.store = ImageStore(store, store.parent / "labs", host.holder_pid)
+        self._root: Path | None = None
+
+    @property
+    def root(self) -> Path:
+        """The rootfs this lab runs on: the one ``ensure`` returned, else the current spec's."""
+        return self._root or self.store.rootfs(spec_hash())
 
     def ready(self) -> bool:
-        try:
-            return self.marker.read_text().strip() == spec_hash()
-        except OSError:
-            return False
+        return self.store.ready(spec_hash())
 
+    def ensure(self, report: Report) -> Path:
+        """The current spec's rootfs: ready, adopted from the old layout, or built now."""
+        version = spec_hash()
+        if not self.store.ready(version):
+            report(f"the node image {version} is not built yet: building it (or waiting for its builder)")
+        self._root = self.store.ensure(
+            version,
+            lambda root: self._build(root, report),
+            report,
+            adopt=(packages_hash(), prepare_mount_points),
+        )
+        self.store.touch(version)
+        return self._root
+
+    @contextlib.contextmanager
+    def use(self, report: Report) -> Iterator[Path]:
+        """``ensure``, and keep the version from removal until the block ends (a lab starting on it)."""
+        with self.store.use():
+            yield self.ensure(report)
+
+    def collect(self, report: Report) -> list[str]:
+        """Remove old versions no lab up uses (``image_store.ImageStore.collect``)."""
+        return self.store.collect(spec_hash(), report)
+
+    def stage_config(self, dest: Path) -> list[str]:
+        """Write a lab's runtime configuration into ``dest`` (its state directory), laid out as in the
+        image; the paths, relative to /, that STAGE1 bind-mounts over the image's placeholders."""
+        shutil.rmtree(dest, ignore_errors=True)
+        for d in ("etc/criu", "etc/containers/registries.conf.d", "usr/local/sbin"):
+            (dest / d).mkdir(parents=True, exist_ok=True)
+        (dest / "etc/criu/runc.conf").write_text(CRIU_RUNC_CONF)
+        (dest / "etc/containers/containers.conf").write_text(CONTAINERS_CONF)
+        (dest / "etc/containers/registries.conf.d/50-podmigrate.conf").write_text(REGISTRIES_CONF)
+        # runc finds the speculative restore's gate first in its PATH (runtime.speculative)
+        gate = dest / speculative.CRIU_GATE_PATH[1:]
+        criu = criu_build.BINARY if criu_build.installed(self.root) else "/usr/sbin/criu"
+        gate.write_text(speculative.criu_gate(criu=criu))
+        gate.chmod(0o755)
+        containerd.install_wrapper(dest)
+        written = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file())
+        if written != sorted(MOUNT_FILES):
+            raise LabError(
+                f"the lab's configuration files {written} are not the image's mount points {sorted(MOUNT_FILES)}",
+                hint="add the new file to lab.image.MOUNT_FILES (a new image version has its placeholder)",
+            )
+        return list(MOUNT_FILES)
+
+    # ------------------------------------------------------------------ the build
     def _log(self, name: str) -> Path:
-        return self.root.parent / f"{name}.log"
+        # one builder at a time (the store's lock), so the last build's logs keep fixed names
+        return self.store.path / f"{name}.log"
 
     def _run(self, argv: list[str], step: str) -> None:
         log = self._log(step)
@@ -109,97 +218,71 @@ class NodeImage:
                 details={"log_tail": tail},
             )
 
-    def chroot_script(self, script: str, step: str) -> None:
-        """Run a shell script chrooted in the image, in a private mount namespace with /proc."""
+    def chroot_script(self, root: Path, script: str, step: str) -> None:
+        """Run a shell script chrooted in ``root``, in a private mount namespace with /proc."""
         wrapper = (
-            f"set -e; mount -t proc proc '{self.root}/proc'; "
+            f"set -e; mount -t proc proc '{root}/proc'; "
             f"export DEBIAN_FRONTEND=noninteractive LC_ALL=C PATH={layout.LAB_PATH}; "
-            f"chroot '{self.root}' /bin/sh -ec \"$0\""
+            f"chroot '{root}' /bin/sh -ec \"$0\""
         )
         self._run(["unshare", "-m", "--propagation", "private", "sh", "-c", wrapper, script], step)
 
-    def build(self, report: Report) -> None:
-        self.root.parent.mkdir(parents=True, exist_ok=True)
-        if (self.root / "debootstrap").exists():
-            # debootstrap removes its work directory only when it finished: this one was interrupted,
-            # and what it left cannot be trusted (a later apt-get on it fails, or worse, works half)
-            report(f"removing an interrupted debootstrap in {self.root}")
-            shutil.rmtree(self.root)
-        if not (self.root / "usr/bin/apt-get").exists():
-            report(f"debootstrap {SUITE} (about a minute)")
-            self._run(["debootstrap", "--variant=minbase", SUITE, str(self.root), MIRROR], "debootstrap")
-        (self.root / "etc/apt/sources.list").write_text(f"deb {MIRROR} {SUITE} main\n")
-        (self.root / f"etc/apt/sources.list.d/{CRIU_SUITE}.list").write_text(f"deb {MIRROR} {CRIU_SUITE} main\n")
-        (self.root / f"etc/apt/preferences.d/{CRIU_SUITE}").write_text(
+    def _build(self, root: Path, report: Report) -> None:
+        """Build the image into ``root``, a fresh empty directory (``image_store`` publishes it)."""
+        url = mirror.debian_mirror()
+        root.chmod(0o755)  # it becomes the lab's /, whatever the umask
+        report(f"debootstrap {SUITE} from {url} (about a minute)")
+        self._run(["debootstrap", "--variant=minbase", SUITE, str(root), url], "debootstrap")
+        (root / "etc/apt/sources.list").write_text(f"deb {url} {SUITE} main\n")
+        (root / f"etc/apt/sources.list.d/{CRIU_SUITE}.list").write_text(f"deb {url} {CRIU_SUITE} main\n")
+        (root / f"etc/apt/preferences.d/{CRIU_SUITE}").write_text(
             f"Package: *\nPin: release n={CRIU_SUITE}\nPin-Priority: 100\n"
         )
-        (self.root / "etc/resolv.conf").unlink(missing_ok=True)
-        (self.root / "etc/resolv.conf").write_bytes(Path("/etc/resolv.conf").read_bytes())
+        (root / "etc/resolv.conf").unlink(missing_ok=True)
+        (root / "etc/resolv.conf").write_bytes(Path("/etc/resolv.conf").read_bytes())
         report("installing podman, buildah, registry, nftables (apt, a few minutes)")
         # Check-Valid-Until=false: some mirrors serve an expired sid Release file
         self.chroot_script(
+            root,
             "apt-get -o Acquire::Check-Valid-Until=false update -q; "
             f"apt-get install -y -q --no-install-recommends {' '.join(PACKAGES)}",
             "apt-install",
         )
         report(f"installing CRIU and containerd from {CRIU_SUITE}")
         self.chroot_script(
-            f"apt-get install -y -q --no-install-recommends {' '.join(CRIU_PACKAGES)}; apt-get clean", "apt-criu"
+            root,
+            f"apt-get install -y -q --no-install-recommends {' '.join(CRIU_PACKAGES)}; apt-get clean",
+            "apt-criu",
         )
-        version = self.criu_version()
+        version = criu_version(root)
         if version < MIN_CRIU:
             raise PreflightError(
                 f"the node image has CRIU {version}, but {MIN_CRIU} or newer is needed",
                 hint="CRIU < 4.2 cannot dump sockets on kernels >= 6.16",
             )
-        have = self.containerd_version()
+        have = containerd_version(root)
         if not CONTAINERD_RANGE[0] <= have[:2] < CONTAINERD_RANGE[1]:
             raise PreflightError(
                 f"the node image has containerd {have}; 2.1 to 2.3 is needed",
                 hint="containerd 2.4 removed restore through CRI CreateContainer",
             )
-        report(f"building podmigrate's CRIU ({criu_build.VERSION} and its patch; a minute or two)")
-        criu_build.build(self.root, self.root.parent / "criu", MIRROR, self._run)
-        self.marker.write_text(spec_hash())
+        report(f"building podmigrate's CRIU ({criu_build.VERSION} and its patches; a minute or two)")
+        criu_build.build(root, self.store.path / "criu", url, self._run)
+        prepare_mount_points(root)
 
-    def criu_version(self) -> tuple[int, ...]:
-        p = subprocess.run(["chroot", str(self.root), "/usr/sbin/criu", "--version"], capture_output=True, text=True)
-        for line in p.stdout.splitlines():
-            if line.startswith("Version:"):
-                return tuple(int(x) for x in line.split()[1].split(".")[:2])
+
+def criu_version(root: Path) -> tuple[int, ...]:
+    p = subprocess.run(["chroot", str(root), "/usr/sbin/criu", "--version"], capture_output=True, text=True)
+    for line in p.stdout.splitlines():
+        if line.startswith("Version:"):
+            return tuple(int(x) for x in line.split()[1].split(".")[:2])
+    return (0,)
+
+
+def containerd_version(root: Path) -> tuple[int, ...]:
+    p = subprocess.run(["chroot", str(root), "containerd", "--version"], capture_output=True, text=True)
+    words = p.stdout.split()  # containerd github.com/containerd/containerd/v2 2.1.9+unknown
+    try:
+        return tuple(int(x) for x in words[2].split("+")[0].split(".")[:3])
+    except (IndexError, ValueError):
         return (0,)
-
-    def containerd_version(self) -> tuple[int, ...]:
-        p = subprocess.run(["chroot", str(self.root), "containerd", "--version"], capture_output=True, text=True)
-        words = p.stdout.split()  # containerd github.com/containerd/containerd/v2 2.1.9+unknown
-        try:
-            return tuple(int(x) for x in words[2].split("+")[0].split(".")[:3])
-        except (IndexError, ValueError):
-            return (0,)
-
-    def configure(self) -> None:
-        """Write the runtime configuration and the mount points the lab needs (idempotent)."""
-        r = self.root
-        for d in (
-            "oldroot",
-            "opt/podmigrate/podmigrate",
-            layout.IN_LAB_STATE[1:],
-            layout.IN_LAB_CACHE[1:],
-            layout.NODE_CHECKPOINTS[1:],
-            "etc/criu",
-            "etc/containers/registries.conf.d",
-            "etc/containers/networks",
-        ):
-            (r / d).mkdir(parents=True, exist_ok=True)
-        (r / "etc/criu/runc.conf").write_text(CRIU_RUNC_CONF)
-        for f in ("etc/criu/default.conf", "etc/criu/crun.conf"):
-            (r / f).unlink(missing_ok=True)
-        (r / "etc/containers/containers.conf").write_text(CONTAINERS_CONF)
-        # runc finds the speculative restore's gate first in its PATH (runtime.speculative)
-        gate = r / speculative.CRIU_GATE_PATH.lstrip("/")
-        gate.parent.mkdir(parents=True, exist_ok=True)
-        criu = criu_build.BINARY if criu_build.installed(r) else "/usr/sbin/criu"
-        gate.write_text(speculative.criu_gate(criu=criu))
-        gate.chmod(0o755)
-        (r / "etc/containers/registries.conf.d/50-podmigrate.conf").write_text(REGISTRIES_CONF)
-        containerd.install_wrapper(r)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from podmigrate import layout
+from podmigrate import layout, procs
 from podmigrate.lab import containerd
 
 STATE = Path(layout.IN_LAB_STATE)
@@ -47,6 +47,14 @@ def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
 def join_cgroup(path: str) -> None:
     with open(os.path.join(path, "cgroup.procs"), "w") as f:
         f.write(str(os.getpid()))
+
+
+def service_pid(name: str) -> str:
+    """The running process of supervised service ``name`` (its pid file), for nsenter -t."""
+    p = procs.read_pidfile(STATE / "pids" / f"{name}.pid")
+    if p is None:
+        raise RuntimeError(f"{name} is not running")
+    return str(p.pid)
 
 
 def config() -> dict[str, Any]:
@@ -144,7 +152,7 @@ class Service:
             preexec_fn=(lambda: join_cgroup(cg)) if cg else None,
         )
         out.close()
-        (STATE / "pids" / f"{self.name}.pid").write_text(str(self.proc.pid))
+        procs.write_pidfile(STATE / "pids" / f"{self.name}.pid", self.proc.pid)
 
     def check(self) -> None:
         if self.proc is None or self.proc.poll() is None:
@@ -189,7 +197,7 @@ def containerd_services(cg: str, nodes: list[str]) -> list[Service]:
     """Per node: containerd in the node's namespaces, and the registry at localhost:5000."""
     out = []
     for n in nodes:
-        holder = (STATE / "pids" / f"holder-{n}.pid").read_text().strip()
+        holder = service_pid(f"holder-{n}")
         os.makedirs(f"/sys/fs/cgroup/{cg}/{n}/containerd", exist_ok=True)
         relay = ["python3", "-m", "podmigrate.lab.containerd", "relay", "5000", layout.REGISTRY]
         out.append(Service(f"relay-{n}", ["nsenter", f"--net=/run/netns/{n}", *relay]))
@@ -283,7 +291,7 @@ def lab_main() -> None:
     lan_argv = [*agent_argv("lan", "lan", layout.LAN_GATEWAY, nodes), "--router-file", f"{STATE}/router"]
     services.append(Service("lan", ["nsenter", "--net=/run/netns/lan", *lan_argv]))
     for n in nodes:
-        holder = (STATE / "pids" / f"holder-{n}.pid").read_text().strip()
+        holder = service_pid(f"holder-{n}")
         services.append(
             Service(
                 n,

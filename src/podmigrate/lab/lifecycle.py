@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import podmigrate
-from podmigrate import layout
+from podmigrate import layout, procs
 from podmigrate.errors import LabError, PreflightError, UsageError
 from podmigrate.lab import host, preflight, tunables
 from podmigrate.lab.claims import Claims
@@ -28,10 +28,12 @@ if TYPE_CHECKING:
     from podmigrate.lab.cluster import Lab
 
 # Stage 1 runs on the host's tools inside a fresh private mount namespace: bind the node image and
-# the lab's directories into place, pivot into the image, and hand over to the lab holder.
+# the lab's directories into place, the lab's own configuration (K: lab.image.stage_config, then its
+# files) over the image's placeholders, pivot into the image, and hand over to the lab holder.
 STAGE1 = """\
 set -e
-R=$1 L=$2 C=$3 P=$4
+R=$1 L=$2 C=$3 P=$4 K=$5
+shift 5
 mount --bind "$R" "$R"
 mount -t proc proc "$R/proc"
 mount --rbind /dev "$R/dev"
@@ -40,6 +42,10 @@ mount --bind "$L" "$R/var/lib/podmigrate-lab"
 mount --bind "$C" "$R/var/lib/podmigrate-cache"
 mount --bind "$P" "$R/opt/podmigrate/podmigrate"
 mount -o remount,bind,ro "$R/opt/podmigrate/podmigrate"
+for f in "$@"; do
+    mount --bind "$K/$f" "$R/$f"
+    mount -o remount,bind,ro "$R/$f"
+done
 cd "$R"
 pivot_root . oldroot
 cd /
@@ -88,10 +94,10 @@ def up(lab: Lab, nodes: int, report: Report, router: str | None, runtime: str = 
         if lab.dir.exists() or lab.cgroup.exists():
             report("removing what a previous lab left behind")
             down(lab)
-        if not lab.image.ready():
-            lab.image.build(report)
-        lab.image.configure()
-        start(lab, names, report, runtime)
+        # the image version cannot be removed from when it is picked until the lab is up on it
+        with lab.image.use(report):
+            start(lab, names, report, runtime)
+        lab.image.collect(report)
         report("checking CRIU against this kernel (criu check on node-a)")
         check = lab.run(names[0], ["criu", "check"], check=False)
         if check.returncode:
@@ -120,17 +126,18 @@ def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -
     report(f"starting lab {lab.name!r} with nodes {', '.join(names)}")
     lab.dir.mkdir(parents=True, exist_ok=True)
     # machine-wide kernel settings (the nodes share this kernel): kept, and put back by the last `lab down`
-    for change in tunables.apply(lab.base):
+    for change in tunables.acquire(lab.dir, _is_up, legacy=lab.base):
         report(f"machine setting for the lab: {change}")
     os.chmod(lab.dir, 0o700)  # checkpoints and the token live below
     lab.cache.mkdir(parents=True, exist_ok=True)
     for d in ("pids", "agents", "logs", "hold", "registry", "nodes"):
         (lab.dir / d).mkdir(exist_ok=True)
+    config = lab.dir / "image-config"
+    config_files = lab.image.stage_config(config)  # the image is never written: STAGE1 mounts these over it
     fd = os.open(lab.dir / "token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
     issue_identities(lab, names)
-    (lab.dir / "security").unlink(missing_ok=True)  # a fresh lab seals, whatever a bench left
     (lab.dir / "registry.yml").write_text(REGISTRY_YML)
     (lab.dir / "lab.json").write_text(
         json.dumps(
@@ -138,9 +145,10 @@ def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -
                 "name": lab.name,
                 "nodes": names,
                 "runtime": runtime,  # podman alone, or containerd (with its CRI socket) beside it
-                "cgroup": layout.cgroup_name(lab.name),
+                "cgroup": layout.cgroup_name(lab.name, str(lab.base)),
                 "created": time.time(),
                 "version": podmigrate.__version__,
+                "image": str(lab.image.root),  # kept while a lab is up on it (lab.image_store)
             }
         )
     )
@@ -162,6 +170,8 @@ def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -
             str(lab.dir),
             str(lab.cache),
             str(pkg),
+            str(config),
+            *config_files,
         ],
         stdin=subprocess.DEVNULL,
         stdout=log,
@@ -170,7 +180,7 @@ def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -
         preexec_fn=host.join(lab.cgroup / "lab"),
     )
     log.close()
-    (lab.dir / "lab.pid").write_text(str(proc.pid))
+    procs.write_pidfile(lab.dir / "lab.pid", proc.pid)
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         if lab.is_up():
@@ -187,6 +197,10 @@ def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -
     )
 
 
+def _is_up(lab_dir: Path) -> bool:
+    return host.holder_pid(lab_dir) is not None
+
+
 def down(lab: Lab, report: Report = lambda _m: None) -> None:
     Claims(lab.dir).refuse_if_busy(f"take lab {lab.name!r} down")  # it would kill the migration's agents mid-way
     cg = lab.cgroup
@@ -198,18 +212,21 @@ def down(lab: Lab, report: Report = lambda _m: None) -> None:
         while time.monotonic() < deadline and "populated 1" in (cg / "cgroup.events").read_text():
             time.sleep(0.05)
         host.reap(lab.dir / "lab.pid")
-        left = host.procs(cg)
+        left = host.cgroup_pids(cg)
         if left:
             raise LabError(f"processes of lab {lab.name!r} survived cgroup.kill: {left[:10]}")
         for d in sorted((p for p in cg.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
             host.rmdir(d)
         host.rmdir(cg)
     labs = lab.base / "labs"
-    tunables.restore(
-        lab.base,
-        lambda: any(
-            host.holder_pid(d) is not None for d in labs.iterdir() if d.name != lab.name and host.NAME.fullmatch(d.name)
-        ),
+    tunables.release(
+        lab.dir,
+        _is_up,
+        unregistered=lambda: [
+            str(d)
+            for d in (labs.iterdir() if labs.is_dir() else ())
+            if d != lab.dir and host.NAME.fullmatch(d.name) and _is_up(d)
+        ],
     )
     if lab.dir.exists():
         report(f"removing {lab.dir}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from podmigrate import procs
 from podmigrate.agent.notice import document, parse_time
 from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.lab.cluster import Lab
@@ -63,14 +63,15 @@ def post(lab: Lab, node: str, in_s: float, action: str = "terminate") -> dict[st
         start_new_session=True,  # a Ctrl-C of the command that posted it does not end the node's fate
     )
     log.close()
-    _pidfile(lab, node).write_text(str(proc.pid))
+    procs.write_pidfile(_pidfile(lab, node), proc.pid)
     return {"node": node, "instance_action": doc, "in_s": in_s, "terminator_pid": proc.pid}
 
 
 def withdraw(lab: LabHandle, node: str) -> dict[str, str] | None:
     """Take back ``node``'s notice and stop its terminator; the document it had, if any."""
-    with contextlib.suppress(OSError, ValueError):
-        os.kill(int(_pidfile(lab, node).read_text()), signal.SIGTERM)
+    terminator = procs.read_pidfile(_pidfile(lab, node))  # by pid and start time: pids get reused
+    if terminator is not None:
+        procs.kill(terminator, signal.SIGTERM)
     _pidfile(lab, node).unlink(missing_ok=True)
     agent = lab.agent(node)
     try:

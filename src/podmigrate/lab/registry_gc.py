@@ -9,10 +9,11 @@ holds a claim (``lab.claims``); the other images (the workload's, the pause imag
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
-from podmigrate import layout
+from podmigrate import layout, procs
 from podmigrate.errors import LabError
 from podmigrate.lab.claims import Claims
 from podmigrate.lab.cluster import Lab
@@ -20,6 +21,22 @@ from podmigrate.lab.cluster import Lab
 
 def disk_bytes(root: Path) -> int:
     return sum(p.stat().st_size for p in root.rglob("*") if p.is_file()) if root.exists() else 0
+
+
+def _stop_registry(lab: Lab, timeout: float) -> None:
+    """Stop this lab's registry process, found by its pid file and checked to be in the lab's cgroup:
+    every lab's registry has the same command line. The supervisor may have restarted it just before
+    it saw the hold file, so the pid file is read again until the process it names is gone."""
+    deadline = time.monotonic() + timeout
+    while (p := lab.service("registry")) is not None:
+        if time.monotonic() > deadline:
+            raise LabError(
+                f"the registry of lab {lab.name!r} (pid {p.pid}) did not stop for garbage collection",
+                hint="podmigrate lab status; its log is in the lab's logs/registry.log",
+            )
+        if procs.kill(p, signal.SIGTERM, lab.cgroup_path):
+            procs.wait_gone(p, max(0.1, deadline - time.monotonic()))
+        time.sleep(0.3)  # one supervisor round (0.2 s): a restart it began before the hold shows now
 
 
 def collect(lab: Lab, timeout: float = 60.0) -> dict[str, int]:
@@ -30,12 +47,7 @@ def collect(lab: Lab, timeout: float = 60.0) -> dict[str, int]:
     hold = lab.dir / "hold" / "registry"
     hold.touch()
     try:
-        lab.run("lab", ["pkill", "-f", "docker-registry serve"], check=False)
-        deadline = time.monotonic() + timeout
-        while lab.run("lab", ["pgrep", "-f", "docker-registry serve"], check=False).returncode == 0:
-            if time.monotonic() > deadline:
-                raise LabError("the lab's registry did not stop for garbage collection")
-            time.sleep(0.1)
+        _stop_registry(lab, timeout)
         config = f"{layout.IN_LAB_STATE}/registry.yml"
         lab.run("lab", ["docker-registry", "garbage-collect", "--delete-untagged", config], timeout=600)
     finally:

@@ -190,6 +190,7 @@ class PodmanLazy(PodmanCLI):
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # out of the agent's process group: a group kill never reaches the agent
         )
         deadline = time.monotonic() + 10
         while not listening(port):
@@ -260,6 +261,7 @@ class PodmanLazy(PodmanCLI):
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
+            start_new_session=True,  # out of the agent's process group: a group kill never reaches the agent
         )
         if gate is not None:  # while the daemon starts
             try:

@@ -10,13 +10,15 @@ through it. Only the source side is common: the target *pulls* a registry image
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol, TypedDict, runtime_checkable
+from typing import NotRequired, Protocol, TypedDict, runtime_checkable
 
 
 class Sent(TypedDict):
     bytes: int  # what crossed the wire (the compressed layer, for a compressed image)
     started: float
     ended: float
+    # how it crossed, as the connection that carried it was (agent to agent: "mutual TLS (TLSv1.3)")
+    channel: NotRequired[str]
 
 
 @runtime_checkable

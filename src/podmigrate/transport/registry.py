@@ -59,6 +59,7 @@ class Pushed(Sent):
     layer_digest: str
     uncompressed_bytes: int
     compression: str
+    sealed: bool  # the layer went up sealed for its migration
 
 
 class RegistryTransport:
@@ -152,6 +153,7 @@ def push_checkpoint(
         "bytes": layer_size,
         "uncompressed_bytes": archive.stat().st_size,
         "compression": compression,
+        "sealed": sealed is not None,
         "started": t0,
         "ended": time.time(),
     }
@@ -187,6 +189,7 @@ def pull_checkpoint(reference: str, dest: Path, sealed: Seal | None = None) -> d
         "layer_digest": layer["digest"],
         "bytes": size,
         "compression": compression,
+        "sealed": is_sealed,
         "container": ann[CRIO_ANNOTATION],
         "started": t0,
         "ended": time.time(),

@@ -106,6 +106,7 @@ def send(archive: Path, host: str, port: int, cid: str, tls: ssl.SSLContext, sea
             conn.putheader("Content-Length", str(size))
         conn.endheaders()
         assert conn.sock is not None
+        channel = _channel(conn.sock)
         try:
             for block in body:
                 conn.sock.sendall(block)
@@ -148,7 +149,21 @@ def send(archive: Path, host: str, port: int, cid: str, tls: ssl.SSLContext, sea
         raise TransportError(
             f"the target did not accept checkpoint {cid}: {body.get('error', {}).get('message', body)}"
         )
-    return {"bytes": size, "sha256": sent, "sealed": sealed is not None, "started": t0, "ended": time.time()}
+    return {
+        "bytes": size,
+        "sha256": sent,
+        "sealed": sealed is not None,
+        "channel": channel,
+        "started": t0,
+        "ended": time.time(),
+    }
+
+
+def _channel(sock: object) -> str:
+    """How an upload crosses, as its connection is: the agents' listener asks every client for a
+    certificate of the lab's CA before any route (``agent.tls``), so an accepted TLS upload went
+    over mutual TLS; the version is the one negotiated."""
+    return f"mutual TLS ({sock.version()})" if isinstance(sock, ssl.SSLSocket) else "plain TCP"
 
 
 def _early_answer(conn: http.client.HTTPConnection) -> str:

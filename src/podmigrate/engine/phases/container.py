@@ -46,13 +46,13 @@ def restores_from_local_pages(rec: Any) -> bool:
     """Whether a streamed dump's restore leaves the memory in the target's images for a local
     lazy-pages daemon (and so goes through ``runtime.lazy``, where a speculative restore waits)."""
     caps = ((rec.get("nodes") or {}).get(rec["target"]) or {}).get("capabilities") or {}
-    return rec.get("transport") == "stream" and bool(caps.get("lazy_pages")) and not paths.old("eager-restore")
+    return rec.get("transport") == "stream" and bool(caps.get("lazy_pages")) and not paths.old(rec, "eager-restore")
 
 
 def checkpoint(ctx: Ctx) -> None:
     rec = ctx.rec
     # a stop-copy's blackout includes the restore: podman's and runc's part of it goes before the freeze
-    if rec["mode"] == "stop-copy" and restores_from_local_pages(rec) and not paths.old("restore-after-dump"):
+    if rec["mode"] == "stop-copy" and restores_from_local_pages(rec) and not paths.old(rec, "restore-after-dump"):
         speculate(ctx)
     res = ctx.agent(rec["source"] or "").post(
         f"/v1/containers/{rec['container']}/checkpoint",
@@ -65,7 +65,8 @@ def checkpoint(ctx: Ctx) -> None:
             "page_server": rec.get("page_server"),
             "leave_stopped": rec.get("leave_stopped", False),
             **(ctx.seal() if (rec.get("page_server") or {}).get("relay") else {}),
-            **({"network_lock": "iptables"} if paths.old("iptables-network-lock") else {}),
+            **(ctx.criu_tls() if rec.get("page_server") else {}),
+            **({"network_lock": "iptables"} if paths.old(rec, "iptables-network-lock") else {}),
         },
     )
     rec["freeze_started"] = res["started"]
@@ -75,6 +76,8 @@ def checkpoint(ctx: Ctx) -> None:
     breakdown.note(rec, "source", res.get("timeline"))
     if rec.get("page_server"):
         rec["bytes"]["pages"] = int(res["stats"].get("pages_written", 0)) * 4096
+        if crossed := pages_crossed(rec["page_server"] or {}):
+            rec["security"]["pages"] = crossed
     if res.get("page_relay"):
         rec["bytes"]["page_relay"] = res["page_relay"]["bytes"]
 
@@ -111,6 +114,7 @@ def push(ctx: Ctx) -> None:
             **ctx.seal(),
         },
     )
+    rec["security"]["sealed"] = bool(res.get("sealed"))
     rec["checkpoint_image"] = {
         "reference": res["reference"],
         "manifest_digest": res["manifest_digest"],
@@ -143,6 +147,7 @@ def pull(ctx: Ctx) -> None:
             f"{rec['checkpoint_image']['layer_digest']} was pushed"
         )
     rec["bytes"]["pulled"] = res["bytes"]
+    rec["security"]["sealed"] = bool(res.get("sealed"))
 
 
 def delete_target_copy(ctx: Ctx) -> str:
@@ -151,11 +156,14 @@ def delete_target_copy(ctx: Ctx) -> str:
     return f"deleted the archive on {ctx.rec['target']}"
 
 
-def expect_seal(ctx: Ctx) -> dict[str, str]:
-    """Give the target this migration's key before anything sealed is sent to it."""
+def expect_seal(ctx: Ctx) -> dict[str, Any]:
+    """Give the target this migration's key before anything sealed is uploaded to it; the fields
+    that seal the upload (``digest``: hashed on both ends as well, the old path)."""
     sealed = ctx.seal()
     if sealed:
         ctx.agent(ctx.rec["target"]).post(f"/v1/checkpoints/{ctx.rec['id']}/seal", sealed)
+        if paths.old(ctx.rec, "sha256-of-sealed-streams"):
+            sealed["digest"] = True
     return sealed
 
 
@@ -170,26 +178,43 @@ def transfer(ctx: Ctx) -> None:
         "sealed": res.get("sealed", False),
         "seconds": round(res["ended"] - res["started"], 4),
     }
+    agent_to_agent(ctx, res)
+
+
+def agent_to_agent(ctx: Ctx, res: dict[str, Any]) -> None:
+    """What the source agent's answer to an upload says about how it crossed to the target."""
+    ctx.rec["security"]["sealed"] = bool(res.get("sealed"))
+    if res.get("channel"):
+        ctx.rec["security"]["agents"] = res["channel"]
+
+
+def pages_crossed(ps: dict[str, Any]) -> str | None:
+    """How a dump's memory pages crossed into the page server ``ps`` (its answer): the agents'
+    sealed relay, CRIU's TLS, or neither; None if the answer does not say."""
+    if ps.get("relay"):
+        return "sealed relay"
+    if "criu_tls" not in ps:
+        return None
+    return "criu tls" if ps["criu_tls"] else "plain"
 
 
 def page_server(ctx: Ctx) -> None:
     rec = ctx.rec
     sealed = ctx.seal()
     # sealed migrations send their pages through the agents' sealed relay, not CRIU's TLS
-    relay = bool(sealed) and not paths.old("criu-tls-pages")
+    relay = bool(sealed) and not paths.old(rec, "criu-tls-pages")
     ps = ctx.agent(rec["target"]).post(
         f"/v1/checkpoints/{rec['id']}/page-server",
-        {"relay": relay, "peer": layout.node_ip(rec["source"] or ""), **(sealed if relay else {})},
+        {"relay": relay, "peer": layout.node_ip(rec["source"] or ""), **(sealed if relay else ctx.criu_tls())},
     )
-    rec["page_server"] = ps
-    rec["security"]["pages"] = "sealed relay (AES-256-GCM)" if ps.get("relay") else "CRIU TLS" if sealed else "clear"
+    rec["page_server"] = ps  # how the pages cross (relay, criu_tls) goes into security once they have
     rec["leave_stopped"] = rec["mode"] == "stop-copy"
 
 
 def restore(ctx: Ctx) -> None:
     rec = ctx.rec
     body: dict[str, Any] = {"tcp_established": rec["plan"]["tcp_established"]}
-    if paths.old("restore-image-check"):
+    if paths.old(rec, "restore-image-check"):
         body["image"] = rec["image"]
     if restores_from_local_pages(rec):
         body["lazy_local"] = True  # the pages are in the target's images: copied in as the copy runs
@@ -202,7 +227,7 @@ def restore(ctx: Ctx) -> None:
     rec["criu"]["restore"] = res["stats"]
     rec["restored_at"] = res["ended"]
     breakdown.note(rec, "target", res.get("timeline"))
-    if paths.old("restored-check-before-cutover"):
+    if paths.old(rec, "restored-check-before-cutover"):
         check_restored(ctx)
     else:  # a copy that is not what it should be fails verify, which rolls it back (engine.paths)
         rec["restored_check"] = "after the first answer"

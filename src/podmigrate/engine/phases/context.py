@@ -9,9 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from podmigrate.agent import tls
 from podmigrate.client import AgentClient
-from podmigrate.engine import paths
 from podmigrate.engine.record import Record, Store
 from podmigrate.lab.handle import LabHandle
 from podmigrate.transport import seal
@@ -31,21 +29,30 @@ class Ctx:
     seal_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
-        on = tls.enabled(self.lab.dir / "security")
-        if on and self.seal_key is None:
+        if self.secure and self.seal_key is None:
             self.seal_key = seal.new_key()
-        self.rec.setdefault("security", {"sealed": on, "criu_tls": on, "agents": "mutual TLS"})
+        # what the phases found, as they found it: empty until something crossed (engine.record)
+        self.rec.setdefault("security", {})
+
+    @property
+    def secure(self) -> bool:
+        """Whether this migration seals its checkpoints and sends its pages under TLS: its plan's
+        ``security`` (on unless a measurement asked for off), never a setting of the lab's."""
+        return self.rec["plan"].get("security", "on") != "off"
 
     def seal(self) -> dict[str, Any]:
-        """The request field that seals (or opens) this migration's checkpoints, if they are sealed
-        (with ``digest`` when a sealed stream is to be hashed on both ends as well: the old path)."""
-        if not (self.rec["security"]["sealed"] and self.seal_key):
-            return {}
-        return {"seal": self.seal_key, **({"digest": True} if paths.old("sha256-of-sealed-streams") else {})}
+        """The request field that seals (or opens) this migration's checkpoints, if they are sealed."""
+        return {"seal": self.seal_key} if self.seal_key else {}
+
+    def criu_tls(self) -> dict[str, bool]:
+        """The request field that tells an agent whether CRIU's own connections (a page server's, a
+        lazy dump's) go under TLS: said in every such request, both ends alike (``agent.tls``)."""
+        return {"criu_tls": self.secure}
 
     def agent(self, name: str) -> AgentClient:
         if name not in self.clients:
             self.clients[name] = self.lab.agent(name)
+            self.rec["security"]["controller"] = self.clients[name].channel
         return self.clients[name]
 
     def close(self) -> None:

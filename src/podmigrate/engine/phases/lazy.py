@@ -26,16 +26,20 @@ _pause = time.sleep  # the pages phase's polling pause (tests make it instant)
 
 def lazy_checkpoint(ctx: Ctx) -> None:
     rec = ctx.rec
-    if not paths.old("restore-after-dump"):
+    if not paths.old(rec, "restore-after-dump"):
         speculate(ctx)
-    body: dict[str, Any] = {"checkpoint_id": rec["id"], "tcp_established": rec["plan"]["tcp_established"]}
-    if paths.old("iptables-network-lock"):
+    body: dict[str, Any] = {
+        "checkpoint_id": rec["id"],
+        "tcp_established": rec["plan"]["tcp_established"],
+        **ctx.criu_tls(),  # the pages the copy fetches later: the restore's end asks for the same
+    }
+    if paths.old(rec, "iptables-network-lock"):
         body["network_lock"] = "iptables"
-    if paths.old("lazy-dump-splice"):
+    if paths.old(rec, "lazy-dump-splice"):
         body["lazy_dump"] = "splice"
     # sealed only: the target drops a deleted checkpoint's key, so a prefetch landing after a
     # rollback is refused there instead of left behind
-    if PREFETCH_MB > 0 and ctx.seal() and not paths.old("lazy-prefetch"):
+    if PREFETCH_MB > 0 and ctx.seal() and not paths.old(rec, "lazy-prefetch"):
         sealed = expect_seal(ctx)  # before the source's upload can reach the target
         body["prefetch"] = {"mb": PREFETCH_MB, "node": rec["target"], **sealed}
     res = ctx.agent(rec["source"] or "").post(f"/v1/containers/{rec['container']}/checkpoint-lazy", body)
@@ -81,15 +85,18 @@ def lazy_restore(ctx: Ctx) -> None:
         f"/v1/checkpoints/{rec['id']}/restore-lazy",
         {
             **rec["lazy"],
-            **({"image": rec["image"]} if paths.old("restore-image-check") else {}),
+            **({"image": rec["image"]} if paths.old(rec, "restore-image-check") else {}),
             "tcp_established": rec["plan"]["tcp_established"],
             "prefetch_wait_s": PREFETCH_WAIT_S if rec["lazy"].get("prefetch") else 0,
             "speculative": (rec.get("speculative") or {}).get("state") == "waiting",
-            "prefetch_defer": not paths.old("prefetch-wait-at-pre-restore"),
+            "prefetch_defer": not paths.old(rec, "prefetch-wait-at-pre-restore"),
             # off only to measure what the waker saves (runtime/uffd.py)
             "wake_faults": os.environ.get("PODMIGRATE_LAZY_WAKE", "1") != "0",
+            **ctx.criu_tls(),
         },
     )
+    if "criu_tls" in res:  # from here on the copy fetches its pages from the source's CRIU, so connected
+        rec["security"]["pages"] = "criu tls" if res["criu_tls"] else "plain"
     rec["lazy"]["wake_faults"] = res.get("wake_faults", False)
     if rec["lazy"].get("prefetch"):
         rec["lazy"]["prefetch"].update(res.get("prefetch") or {"outcome": None})  # used, missed (too late)
@@ -130,7 +137,7 @@ def huge_pages(ctx: Ctx) -> None:
     """Every page is in: the copy's memory back in the huge pages userfaultfd could not give it
     (``runtime.hugepages``). The copy serves either way, so a failure here is recorded, not rolled back."""
     rec = ctx.rec
-    if paths.old("small-pages-after-lazy-restore"):
+    if paths.old(rec, "small-pages-after-lazy-restore"):
         return
     try:
         rec["huge_pages"] = ctx.agent(rec["target"]).post(f"/v1/containers/{rec['container']}/huge-pages")

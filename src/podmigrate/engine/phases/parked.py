@@ -50,7 +50,7 @@ def validate_park(ctx: Ctx) -> None:
 
 def park(ctx: Ctx) -> None:
     rec = ctx.rec
-    sealed = bool(rec["security"]["sealed"])
+    sealed = bool(rec["security"].get("sealed"))  # as the push said it went up
     entry: dict[str, Any] = {
         "workload": rec["workload"],
         "container": rec["container"],

@@ -6,7 +6,7 @@ Neighbours: ``container`` (undo_restore and delete_target_copy are shared), ``tr
 
 from __future__ import annotations
 
-from podmigrate.engine.phases.container import expect_seal
+from podmigrate.engine.phases.container import agent_to_agent, expect_seal
 from podmigrate.engine.phases.context import Ctx
 
 
@@ -47,6 +47,7 @@ def pod_transfer(ctx: Ctx) -> None:
         {"node": rec["target"], "members": rec["pod"].get("checkpointed", rec["pod"]["members"]), **sealed},
     )
     rec["bytes"]["sent"] = res["bytes"]
+    agent_to_agent(ctx, res)
 
 
 def pod_restore(ctx: Ctx) -> None:
