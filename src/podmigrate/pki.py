@@ -106,9 +106,13 @@ class CA:
             if old != self.cert_path:
                 old.unlink()
 
-    def issue(self, name: str, ips: Sequence[str] = (), dns: Sequence[str] = ()) -> Identity:
-        """``name``'s certificate (CN=name, SANs: ``ips`` and ``dns`` and ``name``), made if missing."""
-        cert_path, key_path = self.dir / f"{name}.crt", self.dir / f"{name}.key"
+    def issue(
+        self, name: str, ips: Sequence[str] = (), dns: Sequence[str] = (), orgs: Sequence[str] = (), file: str = ""
+    ) -> Identity:
+        """``name``'s certificate (CN=name, O=each of ``orgs``; SANs: ``ips`` and ``dns``, and ``name``
+        where it is a host name), made if missing; kept as ``file`` (default: ``name``)."""
+        file = file or name
+        cert_path, key_path = self.dir / f"{file}.crt", self.dir / f"{file}.key"
         ident = Identity(name, cert_path, key_path, self.cert_path)
         if _fresh(cert_path) and key_path.exists():
             return ident
@@ -117,11 +121,14 @@ class CA:
         assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
         key = _key()
         now = dt.datetime.now(dt.UTC)
-        sans: list[x509.GeneralName] = [x509.DNSName(name), *(x509.DNSName(d) for d in dns)]
+        hostlike = all(c.isalnum() or c in "-." for c in name)  # a Kubernetes user (system:node:x) is not
+        sans: list[x509.GeneralName] = [*([x509.DNSName(name)] if hostlike else []), *map(x509.DNSName, dns)]
+        subject = [*(x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs)]
+        subject.append(x509.NameAttribute(NameOID.COMMON_NAME, name))
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
         cert = (
             x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .subject_name(x509.Name(subject))
             .issuer_name(ca_cert.subject)
             .public_key(key.public_key())
             .serial_number(x509.random_serial_number())

@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from podmigrate.cli import bench, bench_runs, evacuate, k8s, lab, migrate, park, workload
+from podmigrate.cli import bench, bench_runs, evacuate, k8s, kube, lab, migrate, park, workload
 from podmigrate.cli.output import fail
 from podmigrate.errors import PodmigrateError
 
@@ -56,3 +56,4 @@ for cmd in (bench_runs.bench_soak, bench_runs.bench_evacuate, bench_runs.bench_f
 main.add_command(bench.bench)
 main.add_command(bench.report_cmd)
 main.add_command(k8s.k8s_group)
+main.add_command(kube.kube)

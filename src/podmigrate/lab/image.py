@@ -60,6 +60,8 @@ PACKAGES = [
     "fuse-overlayfs",
     "busybox-static",
     "checkpointctl",  # reads Podman's and containerd's checkpoint archives
+    "etcd-server",  # the store of the lab's Kubernetes control plane (podmigrate.kube): 3.5.16 >= 3.5.11
+    "containernetworking-plugins",  # the pods' bridge network under the upstream kubelet
 ]
 # containerd 2.1 from sid too (trixie has 1.7): CRI restore exists from 2.1 to 2.3 (removed in 2.4); it
 # depends only on runc and libc, so trixie's stay

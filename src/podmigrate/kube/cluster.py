@@ -1,0 +1,226 @@
+"""A real Kubernetes control plane in a lab: etcd (Debian's, in the node image) and upstream's
+kube-apiserver, kube-controller-manager and kube-scheduler at the pinned release (``kube.build``),
+on the lab's LAN (the API server at https://10.77.0.1:6443), with TLS from the cluster's CA
+(``kube.certs``), the Node and RBAC authorizers and the default admission plugins.
+
+Each component runs inside the lab (its mount namespace, the LAN's network namespace) and in the
+lab's cgroup, so ``lab down`` ends it with the rest; it is known by its pid file (pid and start
+time, ``procs``). ``up`` is idempotent: what runs is left, what died is started again. Everything
+lives in ``<lab>/kube``: binaries (hard links to the build cache), pki, etcd's data, logs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from podmigrate import layout, procs
+from podmigrate.errors import LabError
+from podmigrate.kube import build, certs
+from podmigrate.kube.certs import Paths
+from podmigrate.lab.cluster import Lab
+from podmigrate.lab.host import join
+
+Report = Callable[[str], None]
+ETCD = "https://127.0.0.1:2379"
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+
+class KubeCluster:
+    def __init__(self, lab: Lab):
+        self.lab = lab
+        self.paths = Paths(lab.dir / "kube")
+
+    # ------------------------------------------------------------------ files
+    def _bin(self, name: str) -> str:
+        return "/usr/bin/etcd" if name == "etcd" else f"{self.paths.lab}/bin/{name}"
+
+    def _link_binaries(self, source: Path) -> None:
+        """The built binaries into the lab's state (hard links: same file system, no copy)."""
+        dest = self.paths.host / "bin"
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in build.COMPONENTS:
+            target = dest / name
+            tmp = dest / f".{name}.new"
+            tmp.unlink(missing_ok=True)
+            try:
+                os.link(source / name, tmp)
+            except OSError:  # another file system
+                shutil.copy2(source / name, tmp)
+            tmp.replace(target)
+
+    def _pidfile(self, name: str) -> Path:
+        return self.lab.dir / "pids" / f"kube-{name}.pid"
+
+    def running(self, name: str) -> procs.Proc | None:
+        p = procs.read_pidfile(self._pidfile(name))
+        return p if p is not None and procs.in_cgroup(p.pid, self.lab.cgroup_path) else None
+
+    # ------------------------------------------------------------------ processes
+    def _argv(self, name: str) -> list[str]:
+        pki = f"{self.paths.lab}/pki"
+        kc = f"{self.paths.lab}"
+        if name == "etcd":
+            return [self._bin(name), "--name", "lab", "--data-dir", f"{self.paths.lab}/etcd",
+                    "--listen-client-urls", ETCD, "--advertise-client-urls", ETCD,
+                    "--listen-peer-urls", "http://127.0.0.1:2380", "--initial-advertise-peer-urls",
+                    "http://127.0.0.1:2380", "--initial-cluster", "lab=http://127.0.0.1:2380",
+                    "--listen-metrics-urls", "http://127.0.0.1:2381",
+                    "--cert-file", f"{pki}/etcd.crt", "--key-file", f"{pki}/etcd.key",
+                    "--client-cert-auth", "--trusted-ca-file", f"{pki}/ca.crt"]  # fmt: skip
+        if name == "kube-apiserver":
+            return [self._bin(name), "--advertise-address", layout.LAN_GATEWAY,
+                    "--bind-address", "0.0.0.0", "--secure-port", str(certs.API_PORT),
+                    "--etcd-servers", ETCD, "--etcd-cafile", f"{pki}/ca.crt",
+                    "--etcd-certfile", f"{pki}/apiserver-etcd-client.crt",
+                    "--etcd-keyfile", f"{pki}/apiserver-etcd-client.key",
+                    "--tls-cert-file", f"{pki}/kube-apiserver.crt",
+                    "--tls-private-key-file", f"{pki}/kube-apiserver.key",
+                    "--client-ca-file", f"{pki}/ca.crt", "--authorization-mode", "Node,RBAC",
+                    "--enable-admission-plugins", "NodeRestriction", "--allow-privileged",
+                    "--anonymous-auth=false",
+                    "--service-account-key-file", f"{pki}/sa.pub",
+                    "--service-account-signing-key-file", f"{pki}/sa.key",
+                    "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+                    "--service-cluster-ip-range", certs.SERVICE_CIDR,
+                    "--kubelet-client-certificate", f"{pki}/apiserver-kubelet-client.crt",
+                    "--kubelet-client-key", f"{pki}/apiserver-kubelet-client.key",
+                    "--kubelet-certificate-authority", f"{pki}/ca.crt",
+                    "--kubelet-preferred-address-types", "InternalIP",
+                    "--requestheader-client-ca-file", f"{pki}/ca.crt",
+                    "--requestheader-allowed-names", "front-proxy-client",
+                    "--requestheader-username-headers", "X-Remote-User",
+                    "--requestheader-group-headers", "X-Remote-Group",
+                    "--requestheader-extra-headers-prefix", "X-Remote-Extra-",
+                    "--proxy-client-cert-file", f"{pki}/front-proxy-client.crt",
+                    "--proxy-client-key-file", f"{pki}/front-proxy-client.key",
+                    "--profiling=false"]  # fmt: skip
+        if name not in ("kube-controller-manager", "kube-scheduler"):
+            raise ValueError(name)
+        # both: their own kubeconfig for the API and for checking their callers, /healthz served with
+        # a certificate of the cluster's CA, on loopback, one instance (no leader election)
+        common = [self._bin(name), "--kubeconfig", f"{kc}/{name}.kubeconfig",
+                  "--authentication-kubeconfig", f"{kc}/{name}.kubeconfig",
+                  "--authorization-kubeconfig", f"{kc}/{name}.kubeconfig",
+                  "--tls-cert-file", f"{pki}/{name}-serving.crt", "--tls-private-key-file", f"{pki}/{name}-serving.key",
+                  "--bind-address", "127.0.0.1", "--leader-elect=false", "--profiling=false"]  # fmt: skip
+        if name == "kube-scheduler":
+            return common
+        return [*common, "--use-service-account-credentials",
+                "--service-account-private-key-file", f"{pki}/sa.key", "--root-ca-file", f"{pki}/ca.crt",
+                "--cluster-signing-cert-file", f"{pki}/ca.crt", "--cluster-signing-key-file", f"{pki}/ca.key",
+                "--allocate-node-cidrs", "--cluster-cidr", certs.CLUSTER_CIDR, "--node-cidr-mask-size", "24",
+                "--service-cluster-ip-range", certs.SERVICE_CIDR]  # fmt: skip
+
+    def _start(self, name: str) -> procs.Proc:
+        cmd, cg = self.lab.command("lan", self._argv(name))
+        logs = self.paths.host / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True, preexec_fn=join(cg))  # fmt: skip
+        p = procs.write_pidfile(self._pidfile(name), proc.pid)
+        if p is None:
+            raise LabError(f"{name} exited at once", hint=f"its log: {logs / f'{name}.log'}")
+        return p
+
+    def _wait(self, name: str, ready: Callable[[], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not ready():
+            if self.running(name) is None or time.monotonic() > deadline:
+                log = self.paths.host / "logs" / f"{name}.log"
+                tail = log.read_text(errors="replace").splitlines()[-20:] if log.exists() else []
+                raise LabError(
+                    f"{name} did not become ready in lab {self.lab.name!r}",
+                    hint=f"its log: {log}",
+                    details={"log_tail": tail},
+                )
+            time.sleep(0.2)
+
+    def _curl(self, url: str, file: str = "admin") -> bool:
+        ident = certs.identity(self.paths, file)
+        argv = ["curl", "-sf", "-o", "/dev/null", "--max-time", "2", "--cacert", self.paths.inside(ident.ca),
+                "--cert", self.paths.inside(ident.cert), "--key", self.paths.inside(ident.key), url]  # fmt: skip
+        return self.lab.run("lan", argv, check=False).returncode == 0
+
+    # ------------------------------------------------------------------ up, down, status
+    def up(self, report: Report = lambda _m: None) -> dict[str, Any]:
+        self.lab.require_up()
+        if not Path(self.lab.image.root, "usr/bin/etcd").exists():
+            raise LabError(
+                f"lab {self.lab.name!r} runs on a node image without etcd",
+                hint="take the lab down and up again: a new node image (with etcd) is built",
+            )
+        if not build.ready():
+            report(f"building Kubernetes {build.pinned_version()} (once per pin; tens of minutes on 2 cores)")
+        binaries = build.ensure(lambda c, i, n: report(f"building {c} ({i}/{n})"))
+        self._link_binaries(binaries)
+        report("the cluster's certificates and kubeconfigs")
+        certs.issue(self.paths, self.lab.nodes)
+        for file, (user, _groups) in certs.CLIENTS.items():
+            certs.kubeconfig(self.paths, file, user)
+        certs.kubeconfig(self.paths, "admin", "kubernetes-admin", inside=False)
+        checks: dict[str, tuple[Callable[[], bool], float]] = {
+            "etcd": (lambda: self._curl(f"{ETCD}/health", "apiserver-etcd-client"), 60),
+            "kube-apiserver": (lambda: self._curl(f"{certs.API_SERVER}/readyz"), 180),
+            "kube-controller-manager": (lambda: self._curl("https://127.0.0.1:10257/healthz"), 120),
+            "kube-scheduler": (lambda: self._curl("https://127.0.0.1:10259/healthz"), 120),
+        }
+        for name in CONTROL_PLANE:
+            if self.running(name) is None:
+                report(f"starting {name}")
+                self._start(name)
+            ready, timeout = checks[name]
+            self._wait(name, ready, timeout)
+        return self.status()
+
+    def down(self, report: Report = lambda _m: None) -> None:
+        for name in reversed(CONTROL_PLANE):
+            p = self.running(name)
+            if p is not None:
+                report(f"stopping {name}")
+                procs.stop(p, self.lab.cgroup_path)
+            self._pidfile(name).unlink(missing_ok=True)
+        if self.paths.host.exists():
+            report(f"removing {self.paths.host}")
+            shutil.rmtree(self.paths.host)
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"lab": self.lab.name, "server": certs.API_SERVER,
+                               "components": {n: bool(self.running(n)) for n in CONTROL_PLANE}}  # fmt: skip
+        if out["components"]["kube-apiserver"]:
+            p = self.kubectl(["version", "-o", "json"], check=False)
+            with contextlib.suppress(ValueError):
+                out["version"] = json.loads(p.stdout).get("serverVersion", {}).get("gitVersion")
+        return out
+
+    def kubeconfig(self) -> Path:
+        """The admin's kubeconfig, host paths: usable from the lab's LAN (``kubectl``)."""
+        path = self.paths.host / "admin.host.kubeconfig"
+        if not path.exists():
+            raise LabError(f"lab {self.lab.name!r} has no Kubernetes cluster", hint="podmigrate kube up")
+        return path
+
+    def kubectl(
+        self, args: Sequence[str], check: bool = True, input: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        """kubectl of the pinned release, run in the lab's LAN with the admin's kubeconfig."""
+        pid = self.lab.holder_pid()
+        if pid is None:
+            raise LabError(f"lab {self.lab.name!r} is not up", hint="podmigrate lab up --runtime containerd")
+        argv = ["nsenter", f"--net=/proc/{pid}/root/run/netns/lan", str(self.paths.host / "bin" / "kubectl"),
+                "--kubeconfig", str(self.kubeconfig()), *args]  # fmt: skip
+        p = subprocess.run(argv, capture_output=True, text=True, input=input, timeout=timeout)
+        if check and p.returncode:
+            raise LabError(
+                f"kubectl {' '.join(args)} failed (exit {p.returncode})",
+                details={"stderr": p.stderr[-3000:], "stdout": p.stdout[-3000:]},
+            )
+        return p
