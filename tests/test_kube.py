@@ -12,18 +12,30 @@ from typing import Any
 
 import pytest
 
+from podmigrate import layout
 from podmigrate.k8s import manifests
 from podmigrate.k8s.crd import STATUS_SCHEMA
 from podmigrate.kube import build
 from podmigrate.kube.cluster import CONTROL_PLANE, KubeCluster
+from podmigrate.kube.kubelet import KERNEL_DEFAULTS
 from podmigrate.lab.cluster import Lab
+from podmigrate.lab.containerd import NODE_REGISTRY
+from podmigrate.workload.image import workload_image
 
 pytestmark = pytest.mark.lab
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 
 
+def kernel_settings() -> dict[str, int]:
+    return {k: int(Path("/proc/sys", k).read_text()) for k in KERNEL_DEFAULTS}
+
+
+HOST_BEFORE: dict[str, int] = {}
+
+
 @pytest.fixture(scope="module")
 def kube(containerd_lab: Lab) -> Iterator[KubeCluster]:
+    HOST_BEFORE.update(kernel_settings())
     cluster = KubeCluster(containerd_lab)
     cluster.up(lambda m: print(f"[kube] {m}", flush=True))
     yield cluster
@@ -50,7 +62,7 @@ def sample(schema: dict[str, Any]) -> Any:
 
 def test_the_control_plane_is_upstreams_at_the_pinned_release(kube: KubeCluster) -> None:
     st = kube.status()
-    assert st["components"] == {name: True for name in CONTROL_PLANE}
+    assert st["components"] == {name: True for name in [*CONTROL_PLANE, "kubelet-node-a", "kubelet-node-b"]}
     assert st["version"] == build.pinned_version()
     version = json.loads(kube.kubectl(["version", "-o", "json"]).stdout)
     assert version["serverVersion"]["gitVersion"] == version["clientVersion"]["gitVersion"] == build.pinned_version()
@@ -92,3 +104,52 @@ def test_the_crd_takes_every_status_field_without_pruning(kube: KubeCluster) -> 
                         "merge", "-p", json.dumps({"status": {"phase": "Teleported"}})], check=False)  # fmt: skip
     assert bad.returncode and "Unsupported value" in bad.stderr
     kube.kubectl(["delete", "plm", "heapsrv-move", "-n", "default", "--wait=true"])
+
+
+def test_each_node_runs_upstreams_kubelet_over_its_containerd(kube: KubeCluster) -> None:
+    nodes = json.loads(kube.kubectl(["get", "nodes", "-o", "json"]).stdout)["items"]
+    assert sorted(n["metadata"]["name"] for n in nodes) == kube.lab.nodes
+    for n in nodes:
+        info = n["status"]["nodeInfo"]
+        assert info["kubeletVersion"] == build.pinned_version()
+        assert info["containerRuntimeVersion"].startswith("containerd://2.1.")
+        assert {c["type"]: c["status"] for c in n["status"]["conditions"]}["Ready"] == "True"
+    # the kubelet found its kernel settings in the node's view; the machine's were not touched
+    shown = kube.lab.run("node-a", ["sh", "-c", " ".join(f"cat /proc/sys/{k};" for k in KERNEL_DEFAULTS)])
+    assert [int(x) for x in shown.stdout.split()] == list(KERNEL_DEFAULTS.values())
+    assert kernel_settings() == HOST_BEFORE
+
+
+def checkpoint(kube: KubeCluster, token: str, path: str) -> tuple[str, str]:
+    """POST the kubelet's Checkpoint API on node-a with a bearer token, from the LAN: (code, body)."""
+    ca = kube.paths.inside(kube.paths.host / "pki" / "ca.crt")
+    url = f"https://{layout.node_ip('node-a')}:10250/checkpoint/{path}?timeout=120"
+    p = kube.lab.run("lan", ["curl", "-s", "-X", "POST", "--cacert", ca, "-H", f"Authorization: Bearer {token}",
+                             "-w", "\n%{http_code}", url], timeout=180)  # fmt: skip
+    body, _, code = p.stdout.rpartition("\n")
+    return code, body
+
+
+def test_the_kubelets_checkpoint_api_is_authorized_by_the_real_api_server(kube: KubeCluster) -> None:
+    kube.kubectl(["apply", "-f", "-"], input=(DEPLOY / "base" / "namespace.yaml").read_text())
+    kube.kubectl(["apply", "-n", "podmigrate-system", "-f", "-"], input=(DEPLOY / "base" / "rbac.yaml").read_text())
+    kube.kubectl(["create", "serviceaccount", "nobody", "-n", "default"], check=False)
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "heap", "namespace": "default"},
+           "spec": {"nodeName": "node-a", "hostNetwork": True,
+                    "containers": [{"name": "heap", "image": workload_image().replace(layout.REGISTRY, NODE_REGISTRY),
+                                    "env": [{"name": "HEAP_MB", "value": "16"}]}]}}  # fmt: skip
+    kube.kubectl(["apply", "-f", "-"], input=json.dumps(pod))
+    kube.kubectl(["wait", "--for", "condition=Ready", "pod/heap", "-n", "default", "--timeout=120s"])
+    agent = kube.kubectl(["create", "token", "podmigrate-agent", "-n", "podmigrate-system"]).stdout.strip()
+    nobody = kube.kubectl(["create", "token", "nobody", "-n", "default"]).stdout.strip()
+    code, body = checkpoint(kube, nobody, "default/heap/heap")
+    assert code == "403" and "forbidden" in body.lower() and "checkpoint" in body
+    code, body = checkpoint(kube, agent, "default/heap/heap")
+    assert code == "200", body
+    (archive,) = json.loads(body)["items"]
+    assert archive.startswith("/var/lib/kubelet/checkpoints/checkpoint-heap_default-heap-")
+    # the archive holds the process's memory: the kubelet never deletes it, so the caller must
+    listed = kube.lab.run("node-a", ["tar", "-tf", archive]).stdout.split()
+    assert any(name.startswith("checkpoint/pages-") for name in listed)
+    kube.lab.run("node-a", ["rm", "-f", archive])
+    kube.kubectl(["delete", "pod", "heap", "-n", "default", "--wait=true"])

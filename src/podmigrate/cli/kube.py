@@ -60,7 +60,8 @@ def _cluster(ctx: click.Context) -> KubeCluster:
 @click.pass_context
 def kube_up(ctx: click.Context, as_json: bool) -> None:
     """Start the control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) on the
-    lab's LAN, building the pinned release first if needed (idempotent)."""
+    lab's LAN and a kubelet on every node (a lab with --runtime containerd), building the pinned
+    release first if needed (idempotent)."""
     cluster = _cluster(ctx)
     with status(f"Kubernetes up in lab {cluster.lab.name!r}") as report:
         st = cluster.up(report)

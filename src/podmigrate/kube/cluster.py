@@ -1,7 +1,8 @@
 """A real Kubernetes control plane in a lab: etcd (Debian's, in the node image) and upstream's
 kube-apiserver, kube-controller-manager and kube-scheduler at the pinned release (``kube.build``),
 on the lab's LAN (the API server at https://10.77.0.1:6443), with TLS from the cluster's CA
-(``kube.certs``), the Node and RBAC authorizers and the default admission plugins.
+(``kube.certs``), the Node and RBAC authorizers and the default admission plugins; and upstream's
+kubelet on every node, over the node's containerd (``kube.kubelet``).
 
 Each component runs inside the lab (its mount namespace, the LAN's network namespace) and in the
 lab's cgroup, so ``lab down`` ends it with the rest; it is known by its pid file (pid and start
@@ -23,7 +24,7 @@ from typing import Any
 
 from podmigrate import layout, procs
 from podmigrate.errors import LabError
-from podmigrate.kube import build, certs
+from podmigrate.kube import build, certs, kubelet
 from podmigrate.kube.certs import Paths
 from podmigrate.lab.cluster import Lab
 from podmigrate.lab.host import join
@@ -119,8 +120,8 @@ class KubeCluster:
                 "--allocate-node-cidrs", "--cluster-cidr", certs.CLUSTER_CIDR, "--node-cidr-mask-size", "24",
                 "--service-cluster-ip-range", certs.SERVICE_CIDR]  # fmt: skip
 
-    def _start(self, name: str) -> procs.Proc:
-        cmd, cg = self.lab.command("lan", self._argv(name))
+    def _start(self, name: str, target: str = "lan", argv: list[str] | None = None) -> procs.Proc:
+        cmd, cg = self.lab.command(target, argv or self._argv(name))
         logs = self.paths.host / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{name}.log", "ab") as log:
@@ -153,6 +154,11 @@ class KubeCluster:
     # ------------------------------------------------------------------ up, down, status
     def up(self, report: Report = lambda _m: None) -> dict[str, Any]:
         self.lab.require_up()
+        if self.lab.config().get("runtime") != "containerd":
+            raise LabError(
+                f"lab {self.lab.name!r} runs Podman alone; the kubelets need containerd on its nodes",
+                hint=f"podmigrate --lab {self.lab.name} lab down, then lab up --runtime containerd",
+            )
         if not Path(self.lab.image.root, "usr/bin/etcd").exists():
             raise LabError(
                 f"lab {self.lab.name!r} runs on a node image without etcd",
@@ -179,10 +185,31 @@ class KubeCluster:
                 self._start(name)
             ready, timeout = checks[name]
             self._wait(name, ready, timeout)
+        for node in self.lab.nodes:
+            self._kubelet(node, report)
         return self.status()
 
+    def _kubelet(self, node: str, report: Report) -> None:
+        """Upstream's kubelet on ``node`` (``kube.kubelet``), until its Node is Ready."""
+        name = f"kubelet-{node}"
+        if self.running(name) is None:
+            report(f"starting the kubelet on {node}")
+            conf = certs.kubeconfig(self.paths, name, f"system:node:{node}")
+            kubelet.write_config(self.paths, node)
+            self.lab.run(node, ["sh", "-c", kubelet.shadow_script()])
+            self._start(name, node, kubelet.argv(self.paths, node, conf))
+        self._wait(name, lambda: self.node_ready(node), 120)
+
+    def node_ready(self, node: str) -> bool:
+        p = self.kubectl(["get", "node", node, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}"],
+                         check=False)  # fmt: skip
+        return p.returncode == 0 and p.stdout.strip() == "True"
+
     def down(self, report: Report = lambda _m: None) -> None:
-        for name in reversed(CONTROL_PLANE):
+        if self.running("kube-apiserver") and any(self.running(f"kubelet-{n}") for n in self.lab.nodes):
+            report("deleting every pod (their kubelets stop them)")
+            self.kubectl(["delete", "pods", "--all", "--all-namespaces", "--wait", "--timeout=120s"], check=False)
+        for name in [*(f"kubelet-{n}" for n in self.lab.nodes), *reversed(CONTROL_PLANE)]:
             p = self.running(name)
             if p is not None:
                 report(f"stopping {name}")
@@ -193,8 +220,9 @@ class KubeCluster:
             shutil.rmtree(self.paths.host)
 
     def status(self) -> dict[str, Any]:
+        names = [*CONTROL_PLANE, *(f"kubelet-{n}" for n in self.lab.nodes)]
         out: dict[str, Any] = {"lab": self.lab.name, "server": certs.API_SERVER,
-                               "components": {n: bool(self.running(n)) for n in CONTROL_PLANE}}  # fmt: skip
+                               "components": {n: bool(self.running(n)) for n in names}}  # fmt: skip
         if out["components"]["kube-apiserver"]:
             p = self.kubectl(["version", "-o", "json"], check=False)
             with contextlib.suppress(ValueError):
