@@ -5,6 +5,7 @@ written). The first run on a machine builds the binaries (``kube.build``)."""
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -153,3 +154,25 @@ def test_the_kubelets_checkpoint_api_is_authorized_by_the_real_api_server(kube: 
     assert any(name.startswith("checkpoint/pages-") for name in listed)
     kube.lab.run("node-a", ["rm", "-f", archive])
     kube.kubectl(["delete", "pod", "heap", "-n", "default", "--wait=true"])
+
+
+def test_pods_get_their_nodes_pod_network_and_cannot_open_connections_into_the_lab(kube: KubeCluster) -> None:
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "netpod", "namespace": "default"},
+           "spec": {"nodeName": "node-b",
+                    "containers": [{"name": "heap", "image": workload_image().replace(layout.REGISTRY, NODE_REGISTRY),
+                                    "env": [{"name": "HEAP_MB", "value": "16"}]}]}}  # fmt: skip
+    kube.kubectl(["apply", "-f", "-"], input=json.dumps(pod))
+    kube.kubectl(["wait", "--for", "condition=Ready", "pod/netpod", "-n", "default", "--timeout=120s"])
+    got = json.loads(kube.kubectl(["get", "pod", "netpod", "-n", "default", "-o", "json"]).stdout)
+    cidr = kube.kubectl(["get", "node", "node-b", "-o", "jsonpath={.spec.podCIDR}"]).stdout.strip()
+    ip = got["status"]["podIP"]
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(cidr)
+    # reached from the LAN through the route to its node
+    code = kube.lab.run("lan", ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
+                                f"http://{ip}:8000/healthz"], check=False).stdout  # fmt: skip
+    assert code == "200"
+    # and, like any workload, it cannot open a connection to its node's agent (the nodes' guard)
+    probe = "import socket; socket.create_connection(('" + layout.node_ip("node-b") + "', 7070), 3); print('open')"
+    p = kube.kubectl(["exec", "netpod", "-n", "default", "--", "python3", "-c", probe], check=False)
+    assert p.returncode != 0 and "open" not in p.stdout and "timed out" in p.stderr
+    kube.kubectl(["delete", "pod", "netpod", "-n", "default", "--wait=true"])

@@ -22,6 +22,9 @@ AGENT_PORT = 7070
 WORKLOAD_NETWORK = "mig"
 WORKLOAD_SUBNET = "10.89.0.0/16"
 WORKLOAD_GATEWAY = "10.89.0.1"
+# Pods of the lab's upstream Kubernetes (podmigrate.kube): each node gets a /24 of it (its podCIDR);
+# the nodes' guard treats them as workloads too
+POD_SUBNET = "10.244.0.0/16"
 MAX_NODES = 20
 
 # Paths as seen inside the lab (after pivot_root into the node image).

@@ -18,7 +18,7 @@ from podmigrate.pki import CA, Identity
 
 SERVICE_CIDR = "10.96.0.0/16"
 SERVICE_IP = "10.96.0.1"  # the `kubernetes` Service: the API server's certificate names it
-CLUSTER_CIDR = "10.244.0.0/16"  # pod addresses; each node gets a /24 of it
+CLUSTER_CIDR = layout.POD_SUBNET  # pod addresses; each node gets a /24 of it
 API_PORT = 6443
 API_SERVER = f"https://{layout.LAN_GATEWAY}:{API_PORT}"
 # (file, CN = user, O = groups): the names upstream's RBAC bootstrap policy binds

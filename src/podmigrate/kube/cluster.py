@@ -13,6 +13,7 @@ lives in ``<lab>/kube``: binaries (hard links to the build cache), pki, etcd's d
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import shutil
@@ -198,7 +199,22 @@ class KubeCluster:
             kubelet.write_config(self.paths, node)
             self.lab.run(node, ["sh", "-c", kubelet.shadow_script()])
             self._start(name, node, kubelet.argv(self.paths, node, conf))
+        # the node registers NotReady (no pod network yet) and the controller-manager gives it a
+        # podCIDR; the network made for that, containerd reports the network ready, and so the node
+        self._wait(name, lambda: bool(self.pod_cidr(node)), 120)
+        self._pod_network(node, self.pod_cidr(node))
         self._wait(name, lambda: self.node_ready(node), 120)
+
+    def pod_cidr(self, node: str) -> str:
+        p = self.kubectl(["get", "node", node, "-o", "jsonpath={.spec.podCIDR}"], check=False)
+        return p.stdout.strip() if p.returncode == 0 else ""
+
+    def _pod_network(self, node: str, cidr: str) -> None:
+        """The bridge CNI on ``node`` for the podCIDR the controller-manager gave it, and its LAN route."""
+        conf = self.lab.dir / "nodes" / node / "cni-net.d" / "10-podmigrate.conflist"
+        conf.parent.mkdir(parents=True, exist_ok=True)
+        conf.write_text(kubelet.conflist(cidr))
+        self.lab.run("lan", ["ip", "route", "replace", cidr, "via", layout.node_ip(node)])
 
     def node_ready(self, node: str) -> bool:
         p = self.kubectl(["get", "node", node, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}"],
@@ -209,6 +225,12 @@ class KubeCluster:
         if self.running("kube-apiserver") and any(self.running(f"kubelet-{n}") for n in self.lab.nodes):
             report("deleting every pod (their kubelets stop them)")
             self.kubectl(["delete", "pods", "--all", "--all-namespaces", "--wait", "--timeout=120s"], check=False)
+        for node in self.lab.nodes:  # the pod network goes with the cluster
+            (self.lab.dir / "nodes" / node / "cni-net.d" / "10-podmigrate.conflist").unlink(missing_ok=True)
+            for line in self.lab.run("lan", ["ip", "route", "show", "via", layout.node_ip(node)]).stdout.splitlines():
+                dst = line.split()[0]
+                if ipaddress.IPv4Network(dst).subnet_of(ipaddress.IPv4Network(layout.POD_SUBNET)):
+                    self.lab.run("lan", ["ip", "route", "del", dst], check=False)
         for name in [*(f"kubelet-{n}" for n in self.lab.nodes), *reversed(CONTROL_PLANE)]:
             p = self.running(name)
             if p is not None:

@@ -100,3 +100,17 @@ def argv(paths: Paths, node: str, kubeconfig: Path) -> list[str]:
         layout.node_ip(node),
         "--v=1",
     ]
+
+
+def conflist(pod_cidr: str) -> str:
+    """The node's pod network: a bridge with the node as the pods' gateway, addresses from its
+    podCIDR, no NAT (the LAN routes each node's podCIDR to it, as it routes the workloads' ranges)."""
+    bridge = {
+        "type": "bridge",
+        "bridge": "cni0",
+        "isGateway": True,
+        "ipMasq": False,
+        "hairpinMode": True,
+        "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_cidr}]], "routes": [{"dst": "0.0.0.0/0"}]},
+    }
+    return json.dumps({"cniVersion": "1.0.0", "name": "pods", "plugins": [bridge]}, indent=2) + "\n"

@@ -41,6 +41,8 @@ RESTORE_RUNC = "/usr/local/sbin/podmigrate-runc"  # runtime.runc_restore, instal
 RESTORE_DIR = "/var/lib/podmigrate/restore"  # where the node agent unpacks verified checkpoints
 KUBELET_DIR = "/var/lib/kubelet"  # the checkpoints the kubelet asks for go to its checkpoints/ subdirectory
 POD_LOGS = "/var/log/pods"
+CNI_CONF_DIR = "/etc/cni/net.d"
+CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
 
 RUNC_NOCG_SCRIPT = """#!/bin/sh
 # runc with the bundle's cgroup resource limits removed: the lab's cgroup2 has no controllers (see
@@ -74,6 +76,9 @@ state = "/run/containerd"
 [plugins."io.containerd.cri.v1.runtime"]
   enable_cdi = false
   restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".cni]
+    bin_dirs = ["{CNI_BIN_DIR}"]
+    conf_dir = "{CNI_CONF_DIR}"
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
     [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
@@ -112,6 +117,7 @@ def prepare_node(base: Path, node: str, bind: Callable[[str, str], object]) -> N
         ("containerd-etc", "/etc/containerd"),
         ("containerd", "/var/lib/containerd"),
         ("kubelet", KUBELET_DIR),
+        ("cni-net.d", CNI_CONF_DIR),  # the node's pod network (podmigrate.kube writes it)
         ("pod-logs", POD_LOGS),
         ("podmigrate-restore", RESTORE_DIR),
     ):

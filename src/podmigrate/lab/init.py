@@ -122,7 +122,8 @@ def guard_node(name: str) -> None:
     nor to anything on the LAN's own subnet (other nodes, the LAN agent, the registry). Only
     connection openings are dropped, not packets of connections: a restored container's TCP
     connections arrive mid-stream on a node that never saw them open."""
-    rules = GUARD.format(workloads=layout.WORKLOAD_SUBNET, lan=f"{layout.LAN_GATEWAY}/{layout.LAN_PREFIX}")
+    workloads = f"{{ {layout.WORKLOAD_SUBNET}, {layout.POD_SUBNET} }}"
+    rules = GUARD.format(workloads=workloads, lan=f"{layout.LAN_GATEWAY}/{layout.LAN_PREFIX}")
     p = subprocess.run(
         ["nsenter", f"--net=/run/netns/{name}", "nft", "-f", "-"], input=rules, capture_output=True, text=True, env=ENV
     )
