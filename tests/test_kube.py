@@ -17,11 +17,14 @@ from podmigrate import layout
 from podmigrate.k8s import manifests
 from podmigrate.k8s.crd import STATUS_SCHEMA
 from podmigrate.kube import build
+from podmigrate.kube.certs import SERVICE_CIDR
 from podmigrate.kube.cluster import CONTROL_PLANE, KubeCluster
 from podmigrate.kube.kubelet import KERNEL_DEFAULTS
 from podmigrate.lab.cluster import Lab
 from podmigrate.lab.containerd import NODE_REGISTRY
 from podmigrate.workload.image import workload_image
+
+from .conftest import wait_for
 
 pytestmark = pytest.mark.lab
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
@@ -63,7 +66,8 @@ def sample(schema: dict[str, Any]) -> Any:
 
 def test_the_control_plane_is_upstreams_at_the_pinned_release(kube: KubeCluster) -> None:
     st = kube.status()
-    assert st["components"] == {name: True for name in [*CONTROL_PLANE, "kubelet-node-a", "kubelet-node-b"]}
+    node_side = [f"{c}-{n}" for n in ("node-a", "node-b") for c in ("kubelet", "kube-proxy")]
+    assert st["components"] == {name: True for name in [*CONTROL_PLANE, *node_side]}
     assert st["version"] == build.pinned_version()
     version = json.loads(kube.kubectl(["version", "-o", "json"]).stdout)
     assert version["serverVersion"]["gitVersion"] == version["clientVersion"]["gitVersion"] == build.pinned_version()
@@ -176,3 +180,28 @@ def test_pods_get_their_nodes_pod_network_and_cannot_open_connections_into_the_l
     p = kube.kubectl(["exec", "netpod", "-n", "default", "--", "python3", "-c", probe], check=False)
     assert p.returncode != 0 and "open" not in p.stdout and "timed out" in p.stderr
     kube.kubectl(["delete", "pod", "netpod", "-n", "default", "--wait=true"])
+
+
+def test_kube_proxy_programs_a_services_cluster_ip_in_nftables_and_leaves_conntrack_alone(kube: KubeCluster) -> None:
+    conntrack_max = Path("/proc/sys/net/netfilter/nf_conntrack_max").read_text()
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "svcpod", "namespace": "default",
+                                                           "labels": {"app": "svcpod"}},
+           "spec": {"nodeName": "node-b",
+                    "containers": [{"name": "heap", "image": workload_image().replace(layout.REGISTRY, NODE_REGISTRY),
+                                    "env": [{"name": "HEAP_MB", "value": "16"}]}]}}  # fmt: skip
+    svc = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "svcpod", "namespace": "default"},
+           "spec": {"selector": {"app": "svcpod"}, "ports": [{"port": 80, "targetPort": 8000}]}}  # fmt: skip
+    kube.kubectl(["apply", "-f", "-"], input=json.dumps({"apiVersion": "v1", "kind": "List", "items": [pod, svc]}))
+    kube.kubectl(["wait", "--for", "condition=Ready", "pod/svcpod", "-n", "default", "--timeout=120s"])
+    ip = kube.kubectl(["get", "svc", "svcpod", "-n", "default", "-o", "jsonpath={.spec.clusterIP}"]).stdout.strip()
+    assert ipaddress.ip_address(ip) in ipaddress.ip_network(SERVICE_CIDR)
+
+    def answers() -> str | None:
+        p = kube.lab.run("node-b", ["curl", "-s", "--max-time", "2", f"http://{ip}/healthz"], check=False)
+        return p.stdout if p.returncode == 0 else None
+
+    assert '"ok": true' in wait_for(answers, 60, "the Service's cluster IP to answer on node-b")
+    assert "table ip kube-proxy" in kube.lab.run("node-b", ["nft", "list", "tables"]).stdout
+    assert Path("/proc/sys/net/netfilter/nf_conntrack_max").read_text() == conntrack_max
+    kube.kubectl(["delete", "service", "svcpod", "-n", "default"])
+    kube.kubectl(["delete", "pod", "svcpod", "-n", "default", "--wait=true"])

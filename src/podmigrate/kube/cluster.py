@@ -204,6 +204,14 @@ class KubeCluster:
         self._wait(name, lambda: bool(self.pod_cidr(node)), 120)
         self._pod_network(node, self.pod_cidr(node))
         self._wait(name, lambda: self.node_ready(node), 120)
+        proxy = f"kube-proxy-{node}"
+        if self.running(proxy) is None:
+            report(f"starting kube-proxy on {node}")
+            proxy_conf = kubelet.proxy_config(self.paths, node, self.paths.host / "kube-proxy.kubeconfig")
+            self._start(proxy, node, [f"{self.paths.lab}/bin/kube-proxy", "--config", proxy_conf, "--v=1"])
+        self._wait(proxy, lambda: self.lab.run(node, ["curl", "-sf", "-o", "/dev/null", "--max-time", "2",
+                                                      "http://127.0.0.1:10256/healthz"], check=False).returncode == 0,
+                   60)  # fmt: skip
 
     def pod_cidr(self, node: str) -> str:
         p = self.kubectl(["get", "node", node, "-o", "jsonpath={.spec.podCIDR}"], check=False)
@@ -231,7 +239,8 @@ class KubeCluster:
                 dst = line.split()[0]
                 if ipaddress.IPv4Network(dst).subnet_of(ipaddress.IPv4Network(layout.POD_SUBNET)):
                     self.lab.run("lan", ["ip", "route", "del", dst], check=False)
-        for name in [*(f"kubelet-{n}" for n in self.lab.nodes), *reversed(CONTROL_PLANE)]:
+        node_side = [f"{c}-{n}" for n in self.lab.nodes for c in ("kube-proxy", "kubelet")]
+        for name in [*node_side, *reversed(CONTROL_PLANE)]:
             p = self.running(name)
             if p is not None:
                 report(f"stopping {name}")
@@ -242,7 +251,7 @@ class KubeCluster:
             shutil.rmtree(self.paths.host)
 
     def status(self) -> dict[str, Any]:
-        names = [*CONTROL_PLANE, *(f"kubelet-{n}" for n in self.lab.nodes)]
+        names = [*CONTROL_PLANE, *(f"{c}-{n}" for n in self.lab.nodes for c in ("kubelet", "kube-proxy"))]
         out: dict[str, Any] = {"lab": self.lab.name, "server": certs.API_SERVER,
                                "components": {n: bool(self.running(n)) for n in names}}  # fmt: skip
         if out["components"]["kube-apiserver"]:

@@ -114,3 +114,30 @@ def conflist(pod_cidr: str) -> str:
         "ipam": {"type": "host-local", "ranges": [[{"subnet": pod_cidr}]], "routes": [{"dst": "0.0.0.0/0"}]},
     }
     return json.dumps({"cniVersion": "1.0.0", "name": "pods", "plugins": [bridge]}, indent=2) + "\n"
+
+
+def proxy_config(paths: Paths, node: str, kubeconfig: Path) -> str:
+    """kube-proxy on ``node``: nftables mode (in the node's own network namespace), and every
+    conntrack setting 0, which tells it to leave the kernel's (machine-wide) values as they are."""
+    conf = {
+        "apiVersion": "kubeproxy.config.k8s.io/v1alpha1",
+        "kind": "KubeProxyConfiguration",
+        "clientConnection": {"kubeconfig": paths.inside(kubeconfig)},
+        "mode": "nftables",
+        "clusterCIDR": layout.POD_SUBNET,
+        "hostnameOverride": node,
+        "conntrack": {
+            "maxPerCore": 0,
+            "min": 0,
+            "tcpEstablishedTimeout": "0s",
+            "tcpCloseWaitTimeout": "0s",
+            "udpTimeout": "0s",
+            "udpStreamTimeout": "0s",
+        },
+        "metricsBindAddress": "127.0.0.1:10249",
+        "healthzBindAddress": "127.0.0.1:10256",
+    }
+    path = paths.host / "nodes" / node / "kube-proxy.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(conf, indent=2) + "\n")
+    return paths.inside(path)
