@@ -14,7 +14,7 @@ import pytest
 from podmigrate import layout
 from podmigrate.engine.controller import Plan, migrate
 from podmigrate.errors import TransportError, UsageError
-from podmigrate.lab.init import GUARD
+from podmigrate.lab import guard as node_guard
 from podmigrate.transport import seal
 from podmigrate.transport.registry import checkpoint_annotations
 from podmigrate.workload import manage
@@ -61,14 +61,13 @@ def test_a_workload_cannot_open_a_connection_to_agents_page_servers_or_the_regis
     # address has no agent: refused, i.e. reached). Another node's agent stays out of reach by routing
     # as well (every node has the workload /16 on its own bridge, so replies never leave it); the guard
     # is what keeps it so if the routing changes.
-    guard = GUARD.format(workloads=layout.WORKLOAD_SUBNET, lan=f"{layout.LAN_GATEWAY}/{layout.LAN_PREFIX}")
     for n in ("node-a", "node-b"):
         lab.run(n, ["nft", "delete", "table", "inet", "podmigrate_guard"])
     try:
         got = _connect_from_container(lab, "node-a", mine["name"], forbidden)
     finally:
         for n in ("node-a", "node-b"):
-            lab.run(n, ["nft", "-f", "-"], input=guard)
+            lab.run(n, ["nft", "-f", "-"], input=node_guard.rules())
     expect = {t: "connected" for t in forbidden}
     expect[f"{layout.WORKLOAD_GATEWAY}:{port}"] = "ConnectionRefusedError"
     expect[f"{layout.node_ip('node-b')}:{port}"] = "TimeoutError"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from podmigrate import layout, procs
-from podmigrate.lab import containerd
+from podmigrate.lab import containerd, guard
 
 STATE = Path(layout.IN_LAB_STATE)
 ENV = {
@@ -98,37 +98,7 @@ def setup_network(nodes: list[str]) -> None:
         sh("nsenter", f"--net=/run/netns/{n}", "sysctl", "-qw", "net.ipv4.ip_forward=1")
         # the node's container subnet is routed to it; a migrated container gets a /32 of its own
         sh("ip", "-n", "lan", "route", "add", layout.node_range(n), "via", ip)
-        guard_node(n)
-
-
-GUARD = """\
-table inet podmigrate_guard {{
-  chain input {{
-    type filter hook input priority -10; policy accept;
-    ip saddr {workloads} tcp flags & (syn | ack) == syn drop
-    ip saddr {workloads} meta l4proto udp drop
-  }}
-  chain forward {{
-    type filter hook forward priority -10; policy accept;
-    ip saddr {workloads} ip daddr {lan} tcp flags & (syn | ack) == syn drop
-    ip saddr {workloads} ip daddr {lan} meta l4proto udp drop
-  }}
-}}
-"""
-
-
-def guard_node(name: str) -> None:
-    """Workloads cannot open connections to their node (its agent, page servers, lazy-pages dumps)
-    nor to anything on the LAN's own subnet (other nodes, the LAN agent, the registry). Only
-    connection openings are dropped, not packets of connections: a restored container's TCP
-    connections arrive mid-stream on a node that never saw them open."""
-    workloads = f"{{ {layout.WORKLOAD_SUBNET}, {layout.POD_SUBNET} }}"
-    rules = GUARD.format(workloads=workloads, lan=f"{layout.LAN_GATEWAY}/{layout.LAN_PREFIX}")
-    p = subprocess.run(
-        ["nsenter", f"--net=/run/netns/{name}", "nft", "-f", "-"], input=rules, capture_output=True, text=True, env=ENV
-    )
-    if p.returncode:
-        raise RuntimeError(f"nft guard on {name} failed: {p.stderr.strip()}")
+        guard.apply(n, ENV)
 
 
 class Service:
