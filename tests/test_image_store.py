@@ -3,7 +3,6 @@ without a lab or root: the builds are replaced by ``fake_build``, which writes o
 
 from __future__ import annotations
 
-import fcntl
 import json
 import multiprocessing
 import os
@@ -220,7 +219,7 @@ def test_an_old_version_stays_while_a_lab_that_is_up_uses_it(tmp_path: Path) -> 
     with store.use():  # a lab is starting: nothing is removed, whatever it is about to use
         (lab / "up").unlink()
         assert store.collect("2" * 16, print, grace=0) == []
-    with store._lock(".lock", fcntl.LOCK_EX):  # a build is running (LOCK_EX): its builder sweeps the store
+    with store._lock(".lock"):  # a build is running (held exclusively): its builder sweeps the store
         assert store.collect("2" * 16, print, grace=0) == []
     assert store.collect("2" * 16, print) == []  # used a moment ago: kept for the grace period
     assert store.collect("2" * 16, print, grace=0) == ["1" * 16]

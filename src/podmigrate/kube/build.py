@@ -14,8 +14,6 @@ at a time per home (a lock); it writes into a temporary directory renamed into p
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import re
@@ -23,9 +21,10 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
+from podmigrate import filelock
 from podmigrate.errors import LabError, PreflightError
 from podmigrate.lab.host import home
 
@@ -99,24 +98,13 @@ def ready(base: Path | None = None, module: Path = MODULE) -> bool:
     return all((d / c).is_file() for c in COMPONENTS)
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
 def ensure(progress: Progress = lambda _c, _i, _n: None, base: Path | None = None, module: Path = MODULE) -> Path:
     """The directory holding the binaries of the pinned release, built if they are not yet."""
     base = base or home()
     dest = bin_dir(base, module)
     if ready(base, module):
         return dest
-    with _locked(base / "kubernetes" / ".lock"):
+    with filelock.held(base / "kubernetes" / ".lock"):
         if ready(base, module):  # another build finished while this one waited
             return dest
         version, env = pinned_version(module), go_env(base)

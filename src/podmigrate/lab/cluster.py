@@ -14,15 +14,13 @@ that cannot be read back from these files and processes.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
 import subprocess
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from podmigrate import layout, procs
+from podmigrate import filelock, layout, procs
 from podmigrate.client import AgentClient
 from podmigrate.errors import LabError, UsageError
 from podmigrate.lab import lifecycle
@@ -174,14 +172,8 @@ class Lab:
     def _exclusive(self) -> Iterator[None]:
         """One ``up`` or ``down`` of this lab at a time: two at once (two commands, two test runs
         of one name) would each take the other's half-made lab for leftovers and remove it."""
-        locks = self.base / "labs"
-        locks.mkdir(parents=True, exist_ok=True)
-        fd = os.open(locks / f".{self.name}.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+        with filelock.held(self.base / "labs" / f".{self.name}.lock"):
             yield
-        finally:
-            os.close(fd)
 
     # ------------------------------------------------------------------ router
     def router(self) -> dict[str, Any]:

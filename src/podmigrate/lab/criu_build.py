@@ -26,17 +26,16 @@ and what crashed builds left is removed only under ``cache/.lock``.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import os
 import secrets
 import shutil
 import tempfile
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
+from podmigrate import filelock
 from podmigrate.errors import LabError
 
 VERSION = "4.2.1"
@@ -123,7 +122,7 @@ grep -q "rlimits read from /proc/" criu/criu
 def build(root: Path, cache: Path, mirror: str, run: Run) -> None:
     """Build podmigrate's CRIU for the image at ``root`` and install it there as ``BINARY``."""
     orig = fetch(cache, mirror)
-    with _lock(cache):
+    with filelock.held(cache / ".lock", mode=0o644):
         for left in cache.glob("criu-build-*"):  # a crashed build's: none runs while we hold the lock
             shutil.rmtree(left, ignore_errors=True)
         work = Path(tempfile.mkdtemp(prefix="criu-build-", dir=cache))
@@ -143,16 +142,6 @@ def build(root: Path, cache: Path, mirror: str, run: Run) -> None:
             tmp.rename(dest)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _lock(cache: Path) -> Iterator[None]:
-    fd = os.open(cache / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
 
 
 def installed(root: Path) -> bool:

@@ -18,7 +18,6 @@ into the new layout when its marker says it is the wanted build and no lab is up
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -28,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from podmigrate import filelock
 from podmigrate.errors import LabError
 from podmigrate.lab.host import Report
 
@@ -81,7 +81,7 @@ class ImageStore:
         if self.ready(version):
             return self.rootfs(version)
         self.path.mkdir(parents=True, exist_ok=True)
-        with self._lock(".lock", fcntl.LOCK_EX):
+        with self._lock(".lock"):
             if self.ready(version):  # built by the process that held the lock before us
                 return self.rootfs(version)
             self._sweep()
@@ -146,7 +146,7 @@ class ImageStore:
     def use(self) -> Iterator[None]:
         """Held from picking a version until the lab on it is up: removal waits for none of it."""
         self.path.mkdir(parents=True, exist_ok=True)
-        with self._lock(".use.lock", fcntl.LOCK_SH):
+        with self._lock(".use.lock", shared=True):
             yield
 
     def touch(self, version: str) -> None:
@@ -160,8 +160,8 @@ class ImageStore:
         while an image is being built (its builder sweeps the store)."""
         removed: list[str] = []
         with (
-            self._lock(".use.lock", fcntl.LOCK_EX | fcntl.LOCK_NB) as unused,
-            self._lock(".lock", fcntl.LOCK_EX | fcntl.LOCK_NB) as idle,
+            self._lock(".use.lock", wait=False) as unused,
+            self._lock(".lock", wait=False) as idle,
         ):
             if not (unused and idle):
                 return removed
@@ -189,19 +189,9 @@ class ImageStore:
         os.rename(d, trash / d.name)
         shutil.rmtree(trash, ignore_errors=True)
 
-    @contextlib.contextmanager
-    def _lock(self, name: str, how: int) -> Iterator[bool]:
-        """flock ``name`` in the store; yields False when ``how`` has LOCK_NB and the lock is busy."""
-        fd = os.open(self.path / name, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        try:
-            try:
-                fcntl.flock(fd, how)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(fd)
+    def _lock(self, name: str, shared: bool = False, wait: bool = True) -> contextlib.AbstractContextManager[bool]:
+        """flock ``name`` in the store (``filelock.held``): False when not ``wait``-ing and busy."""
+        return filelock.held(self.path / name, shared=shared, wait=wait, mode=0o644)
 
 
 def _marker(root: Path) -> str | None:

@@ -13,7 +13,6 @@ same settings (the docs say so). Standard library only.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
@@ -21,7 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from podmigrate import procs
+from podmigrate import filelock, procs
 
 PROC_SYS = Path("/proc/sys")
 STATE = Path("/run/podmigrate/tunables")
@@ -64,12 +63,8 @@ LabUp = Callable[[Path], bool]  # is the lab with this state directory up?
 def _locked(state: Path) -> Iterator[None]:
     state.mkdir(parents=True, exist_ok=True, mode=0o700)
     (state / "users").mkdir(exist_ok=True, mode=0o700)
-    fd = os.open(state / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+    with filelock.held(state / "lock"):
         yield
-    finally:
-        os.close(fd)
 
 
 def _user_file(state: Path, lab_dir: Path) -> Path:
