@@ -135,6 +135,26 @@ def containerd_lab() -> Iterator[Any]:
     yield from up_lab(run_lab_name("cri"), runtime="containerd")
 
 
+KERNEL_BEFORE_KUBE: dict[str, int] = {}  # the machine's settings the kubelet would write, before it ran
+
+
+@pytest.fixture(scope="session")
+def kube() -> Iterator[Any]:
+    """Upstream Kubernetes (``podmigrate kube up``) on a containerd lab of its own: its kubelets own
+    their nodes' containerd, which the emulated API's tests (``containerd_lab``) drive themselves."""
+    from podmigrate.kube.cluster import KubeCluster
+    from podmigrate.kube.kubelet import KERNEL_DEFAULTS
+
+    for the_lab in up_lab(run_lab_name("kube"), runtime="containerd"):
+        KERNEL_BEFORE_KUBE.update({k: int(Path("/proc/sys", k).read_text()) for k in KERNEL_DEFAULTS})
+        cluster = KubeCluster(the_lab)
+        cluster.up(lambda m: print(f"[kube] {m}", flush=True))
+        try:
+            yield cluster
+        finally:
+            cluster.down()
+
+
 @pytest.fixture
 def workload(lab: Any) -> Iterator[Callable[..., dict[str, Any]]]:
     """Start stream-server workloads with unique names; all are removed afterwards."""

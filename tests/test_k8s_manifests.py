@@ -40,7 +40,7 @@ def test_the_crd_manifest_is_generated_from_the_code() -> None:
     )
 
 
-@pytest.mark.parametrize("tree", ["base", "examples"])
+@pytest.mark.parametrize("tree", ["base", "examples", "lab"])
 def test_kustomize_and_kubectl_render_the_same_valid_objects(tools: Path, tree: str) -> None:
     docs = build(tools, tree)
     assert docs == build(tools, tree, with_kubectl=True)
@@ -54,13 +54,24 @@ def test_kustomize_and_kubectl_render_the_same_valid_objects(tools: Path, tree: 
             ["Namespace", "CustomResourceDefinition", "CustomResourceDefinition", "ServiceAccount", "ServiceAccount",
              "ClusterRole", "ClusterRole",
              "ClusterRoleBinding", "ClusterRoleBinding", "ConfigMap", "Deployment", "Service", "DaemonSet",
-             "RuntimeClass", "NetworkPolicy"]
+             "RuntimeClass", "NetworkPolicy", "Service", "ValidatingWebhookConfiguration"]
         )  # fmt: skip
         assert all(
             d["metadata"].get("namespace") == "podmigrate-system"
             for d in docs
             if d["kind"] in ("Deployment", "DaemonSet", "NetworkPolicy")
         )
+
+
+def test_the_labs_overlay_changes_only_what_the_lab_needs(tools: Path) -> None:
+    base, lab = build(tools, "base"), build(tools, "lab")
+    assert [(d["kind"], d["metadata"]["name"]) for d in base] == [(d["kind"], d["metadata"]["name"]) for d in lab]
+    by = {(d["kind"], d["metadata"]["name"]): d for d in lab}
+    agent = by[("DaemonSet", "podmigrate-agent")]["spec"]["template"]["spec"]
+    assert agent["hostNetwork"] and "--listen=0.0.0.0:7072" in agent["containers"][0]["command"]
+    assert {p["name"]: p["containerPort"] for p in agent["containers"][0]["ports"]} == {"agent": 7072, "health": 7073}
+    assert by[("Deployment", "podmigrate-operator")]["spec"]["template"]["spec"]["hostNetwork"]
+    assert by[("ConfigMap", "podmigrate-config")]["data"]["PODMIGRATE_REGISTRY"] == "localhost:5000/checkpoints"
 
 
 def test_a_broken_manifest_is_caught(tools: Path) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +19,10 @@ from podmigrate.kube import build
 from podmigrate.kube.certs import SERVICE_CIDR
 from podmigrate.kube.cluster import CONTROL_PLANE, KubeCluster
 from podmigrate.kube.kubelet import KERNEL_DEFAULTS
-from podmigrate.lab.cluster import Lab
 from podmigrate.lab.containerd import NODE_REGISTRY
 from podmigrate.workload.image import workload_image
 
-from .conftest import wait_for
+from .conftest import KERNEL_BEFORE_KUBE, wait_for
 
 pytestmark = pytest.mark.lab
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
@@ -32,18 +30,6 @@ DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
 
 def kernel_settings() -> dict[str, int]:
     return {k: int(Path("/proc/sys", k).read_text()) for k in KERNEL_DEFAULTS}
-
-
-HOST_BEFORE: dict[str, int] = {}
-
-
-@pytest.fixture(scope="module")
-def kube(containerd_lab: Lab) -> Iterator[KubeCluster]:
-    HOST_BEFORE.update(kernel_settings())
-    cluster = KubeCluster(containerd_lab)
-    cluster.up(lambda m: print(f"[kube] {m}", flush=True))
-    yield cluster
-    cluster.down()
 
 
 def sample(schema: dict[str, Any]) -> Any:
@@ -122,7 +108,7 @@ def test_each_node_runs_upstreams_kubelet_over_its_containerd(kube: KubeCluster)
     # the kubelet found its kernel settings in the node's view; the machine's were not touched
     shown = kube.lab.run("node-a", ["sh", "-c", " ".join(f"cat /proc/sys/{k};" for k in KERNEL_DEFAULTS)])
     assert [int(x) for x in shown.stdout.split()] == list(KERNEL_DEFAULTS.values())
-    assert kernel_settings() == HOST_BEFORE
+    assert kernel_settings() == KERNEL_BEFORE_KUBE
 
 
 def checkpoint(kube: KubeCluster, token: str, path: str) -> tuple[str, str]:
@@ -201,6 +187,9 @@ def test_kube_proxy_programs_a_services_cluster_ip_in_nftables_and_leaves_conntr
         return p.stdout if p.returncode == 0 else None
 
     assert '"ok": true' in wait_for(answers, 60, "the Service's cluster IP to answer on node-b")
+    # and on the other node: each node routes the others' podCIDRs to them
+    p = kube.lab.run("node-a", ["curl", "-s", "--max-time", "5", f"http://{ip}/healthz"], check=False)
+    assert '"ok": true' in p.stdout, p.stderr
     assert "table ip kube-proxy" in kube.lab.run("node-b", ["nft", "list", "tables"]).stdout
     assert Path("/proc/sys/net/netfilter/nf_conntrack_max").read_text() == conntrack_max
     kube.kubectl(["delete", "service", "svcpod", "-n", "default"])

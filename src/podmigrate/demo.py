@@ -140,40 +140,50 @@ def markdown(s: dict[str, Any]) -> str:
 
 
 def run_kubernetes(lab_name: str, heap_mb: int, out_dir: Path, report: Report = lambda _m: None) -> dict[str, Any]:
-    """The Kubernetes path, watched: containerd nodes, the emulated API server, a kubelet and an agent
-    per node, the operator; the example pod (heap server + sidecar) applied on node-a, then moved to
-    node-b by a PodLiveMigration restored through CRI, and back through the podmigrate RuntimeClass.
-    ``report`` gets every phase change of each PodLiveMigration as it happens."""
+    """The Kubernetes path, watched, on upstream Kubernetes in the lab (``podmigrate kube up``):
+    podmigrate installed as a user installs it (``kube install``: its image, ``kubectl apply -k``), the
+    user's example pod (heap server + sidecar) applied, moved to the other node by a PodLiveMigration
+    restored through CRI, and back through the podmigrate RuntimeClass. ``report`` gets every phase
+    change of each PodLiveMigration as it happens. The cluster stays up (``kube down`` ends it)."""
     from podmigrate.bench.k8s import k8s_lab
-    from podmigrate.kubelab import example
-    from podmigrate.kubelab.cluster import KubeLab
+    from podmigrate.kube import example, install
+    from podmigrate.kube.cluster import KubeCluster
 
     lab = k8s_lab(lab_name, report)
     out_dir.mkdir(parents=True, exist_ok=True)
-    report("starting the Kubernetes lab: API server (emulated), kubelets on containerd, agents, operator")
-    kl = KubeLab(lab, out_dir / "kubelab").start()
+    cluster = KubeCluster(lab)
+    report("upstream Kubernetes on the lab's nodes (kube up)")
+    cluster.up(report)
+    install.install(cluster, report)
+    ns = "default"
+    cluster.kubectl(["delete", "plm", "--all", "-n", ns, "--wait=true"], check=False)
+    cluster.kubectl(["delete", "pods", "-l", "app=heapsrv", "-n", ns, "--grace-period=1", "--wait=true"], check=False)
+    report(f"applying the example: pod heapsrv ({heap_mb} MB heap + sidecar), its Service and budget")
+    install.apply_example(cluster, ns, heap_mb)
+    here = example.ready_pod(cluster, ns, "heapsrv", 300 + heap_mb / 4)
+    start = example.state(cluster, here, 120 + heap_mb / 4)
     moves: list[dict[str, Any]] = []
-    try:
-        report(f"applying the example pod heapsrv ({heap_mb} MB heap + sidecar) on node-a")
-        start = example.start_example(kl.api, "heapsrv", "node-a", heap_mb)
-        pod, node = "heapsrv", "node-a"
-        for name, target, path in (("heapsrv-to-b", "node-b", "cri"), ("heapsrv-to-a", "node-a", "runtimeclass")):
-            report(f"kubectl apply PodLiveMigration {name}: {pod} -> {target}, restorePath {path}")
-            spec = {"podName": pod, "targetNode": target, "restorePath": path,
-                    "timeouts": {"checkpointSeconds": 600, "restoreSeconds": 600}}  # fmt: skip
-            example.migrate(kl.api, name, spec)
+    pod, node = "heapsrv", here["spec"]["nodeName"]
+    for i, path in enumerate(("cri", "runtimeclass")):
+        target = next(n for n in lab.nodes if n != node)
+        name = f"heapsrv-to-{target.removeprefix('node-')}-{i}"
+        report(f"kubectl apply PodLiveMigration {name}: {pod} {node} -> {target}, restorePath {path}")
+        spec = {"podName": pod, "targetNode": target, "restorePath": path, "service": "heapsrv",
+                "timeouts": {"checkpointSeconds": 600, "restoreSeconds": 600}}  # fmt: skip
+        example.migrate(cluster, ns, name, spec)
 
-            def shown(st: dict[str, Any], name: str = name) -> None:
-                report(f"{name}: {st.get('phase', 'Pending')}  {st.get('message', '')}")
+        def shown(st: dict[str, Any], name: str = name) -> None:
+            report(f"{name}: {st.get('phase', 'Pending')}  {st.get('message', '')}")
 
-            st = example.wait_final(kl.api, name, timeout=1800, on_change=shown)
-            after = example.state(target, timeout=120 + heap_mb / 4) if st.get("phase") == "Completed" else {}
-            moves.append({"name": name, "from": node, "to": target, "status": st, "state_after": after})
-            if st.get("phase") != "Completed":
-                break
-            pod, node = st["restoredPod"]["name"], target
-    finally:
-        kl.close()
+        st = example.wait_final(cluster, ns, name, on_change=shown)
+        after: dict[str, Any] = {}
+        if st.get("phase") == "Completed":
+            copy = example.ready_pod(cluster, ns, st["restoredPod"]["name"], 120)
+            after = example.state(cluster, copy, 120 + heap_mb / 4)
+        moves.append({"name": name, "from": node, "to": target, "status": st, "state_after": after})
+        if st.get("phase") != "Completed":
+            break
+        pod, node = st["restoredPod"]["name"], target
     summary = {
         "heap_mb": heap_mb,
         "machine": machine(),

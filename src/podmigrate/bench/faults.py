@@ -33,8 +33,8 @@ from podmigrate import layout
 from podmigrate.engine import gc
 from podmigrate.engine.controller import recover, store_for
 from podmigrate.errors import PodmigrateError
-from podmigrate.kubelab.example import poll
 from podmigrate.lab.cluster import Lab
+from podmigrate.polling import poll
 from podmigrate.workload import manage
 from podmigrate.workload.image import ready_lab
 

@@ -23,6 +23,7 @@ from podmigrate.errors import LabError
 from podmigrate.kubelab import example
 from podmigrate.kubelab.cluster import KubeLab
 from podmigrate.lab.cluster import Lab
+from podmigrate.polling import poll
 from podmigrate.workload.image import ensure_workload_image
 
 Report = Callable[[str], None]
@@ -110,7 +111,11 @@ def run(
                         pod, node = row["pod"], row["target"]
             kl.api.delete(f"/api/v1/namespaces/{example.NS}/pods/{pod}")
             kl.api.delete(f"/api/v1/namespaces/{example.NS}/services/web")
-            example.poll(lambda n=node: not kl.nodes[n].kubelet.workers, 120, "the pod torn down")
+
+            def torn_down(kubelet: Any = kl.nodes[node].kubelet) -> bool:
+                return not kubelet.workers
+
+            poll(torn_down, 120, "the pod torn down")
     finally:
         kl.close()
     result = summarize(rows)

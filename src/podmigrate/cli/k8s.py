@@ -36,3 +36,24 @@ def k8s_agent(agent_args: tuple[str, ...]) -> None:
     from podmigrate.k8s import agent
 
     agent.main(list(agent_args))
+
+
+@k8s_group.command("secrets")
+@click.option(
+    "--dir",
+    "directory",
+    required=True,
+    type=click.Path(file_okay=False),
+    help="Keeps the agents' CA and the sealing key (0600): the same directory gives the same ones.",
+)
+@click.option("--namespace", default="podmigrate-system", show_default=True)
+def k8s_secrets(directory: str, namespace: str) -> None:
+    """Print the Secrets the manifests mount (agent and operator TLS, sealing key), made without
+    cert-manager: `podmigrate k8s secrets --dir DIR | kubectl apply -f -`."""
+    import json
+    from pathlib import Path
+
+    from podmigrate.k8s import secrets
+
+    items = secrets.manifests(Path(directory), namespace)
+    click.echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2))

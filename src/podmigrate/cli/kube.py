@@ -97,13 +97,57 @@ def kube_kubeconfig(ctx: click.Context) -> None:
 @click.pass_context
 def kube_kubectl(ctx: click.Context, args: tuple[str, ...]) -> None:
     """kubectl of the pinned release, on the lab's LAN, as the cluster's admin."""
-    p = _cluster(ctx).kubectl(list(args), check=False, timeout=3600)
-    sys.stdout.write(p.stdout)
-    sys.stderr.write(p.stderr)
-    sys.exit(p.returncode)
+    import subprocess
+
+    sys.exit(subprocess.call(_cluster(ctx).kubectl_argv(list(args))))
+
+
+@kube.command("install")
+@click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for the pods to roll out.")
+@click.option("--json", "as_json", is_flag=True)
+@click.pass_context
+def kube_install(ctx: click.Context, timeout: float, as_json: bool) -> None:
+    """Install podmigrate on the lab's cluster as a user does: its image from deploy/Containerfile
+    (buildah) into the lab registry, the Secrets (`k8s secrets`), `kubectl apply -k` of
+    deploy/kubernetes/lab (the base manifests with the lab's registry); waits for the operator and
+    the agents to run."""
+    from podmigrate.kube import install
+
+    cluster = _cluster(ctx)
+    with status(f"installing podmigrate on lab {cluster.lab.name!r}'s cluster") as report:
+        pods = install.install(cluster, report, timeout)
+    emit(pods, as_json, _render_pods)
+
+
+@kube.command("uninstall")
+@click.pass_context
+def kube_uninstall(ctx: click.Context) -> None:
+    """Delete what `kube install` applied (every PodLiveMigration with the CRD)."""
+    from podmigrate.kube import install
+
+    cluster = _cluster(ctx)
+    with status(f"uninstalling podmigrate from lab {cluster.lab.name!r}") as report:
+        install.uninstall(cluster, report)
+
+
+@kube.command("example")
+@click.option("--heap-mb", type=int, default=None, help="The heap server's heap (the example's: 256).")
+@click.option("--namespace", default="default", show_default=True)
+@click.pass_context
+def kube_example(ctx: click.Context, heap_mb: int | None, namespace: str) -> None:
+    """Apply deploy/kubernetes/examples/heapsrv.yaml with the lab's image (the pod, its Service and
+    PodDisruptionBudget); then `kube kubectl -- apply -f deploy/kubernetes/examples/podlivemigration.yaml`."""
+    from podmigrate.kube import install
+
+    install.apply_example(_cluster(ctx), namespace, heap_mb)
 
 
 def _render(st: dict[str, Any]) -> None:
     comps = ", ".join(f"{n} {'up' if up else 'DOWN'}" for n, up in st["components"].items())
     out.print(f"Kubernetes {st.get('version') or '(API server not answering)'} at {st['server']} in lab {st['lab']}")
     out.print(f"  {comps}")
+
+
+def _render_pods(pods: dict[str, Any]) -> None:
+    for name, p in pods.items():
+        out.print(f"  {name}: {p['phase']}{'' if p['ready'] else ' (not ready)'} on {p['node']}")

@@ -33,6 +33,7 @@ from podmigrate.k8s import evacuation as ev
 from podmigrate.k8s.agents import Agents, Config
 from podmigrate.k8s.crd import API_VERSION, SpecError
 from podmigrate.k8s.crd import TERMINAL as PLM_TERMINAL
+from podmigrate.k8s.drain import migration_of
 
 LABEL = ev.ANNOTATION  # the node it empties and the migrations it made carry its name under one key
 MIRROR = "kubernetes.io/config.mirror"
@@ -68,8 +69,10 @@ def pod_memory(pod: dict[str, Any]) -> tuple[int, str]:
     return total, basis
 
 
-def _skip_reason(pod: dict[str, Any], namespaces: tuple[str, ...]) -> str | None:
+def _skip_reason(pod: dict[str, Any], namespaces: tuple[str, ...], own: str = "") -> str | None:
     meta = pod["metadata"]
+    if own and meta.get("namespace") == own:
+        return "podmigrate's own pod (its Deployment or DaemonSet places it)"
     if MIRROR in (meta.get("annotations") or {}):
         return "a static pod's mirror: its node runs it, not the API"
     if any(o.get("kind") == "DaemonSet" for o in meta.get("ownerReferences") or []):
@@ -111,7 +114,7 @@ class Evacuator:
             if (pod.get("spec") or {}).get("nodeName") != node:
                 continue  # field selectors are a server courtesy
             meta = pod["metadata"]
-            why = _skip_reason(pod, self.config.namespaces)
+            why = _skip_reason(pod, self.config.namespaces, self.config.agent_namespace)
             if why:
                 skipped.append({"namespace": meta["namespace"], "name": meta["name"], "why": why})
                 continue
@@ -219,6 +222,14 @@ class Evacuator:
         return f"{row['name'][:200]}-ev{tag.hexdigest()[:6]}"
 
     def _start(self, row: dict[str, Any]) -> None:
+        # a migration of the pod already running (kubectl drain's, through the eviction webhook, or a
+        # user's) is waited for, not raced: a second one would be refused and re-planned, again and again
+        other = migration_of(self.api, row["namespace"], row["name"])
+        if other is not None and (other.get("status") or {}).get("phase") not in PLM_TERMINAL:
+            mode = other["spec"].get("mode", "decoupled")
+            row.update(migration=other["metadata"]["name"], phase="Running", mode=mode,
+                       startedAfterSeconds=round(time.time() - self.started, 2))  # fmt: skip
+            return
         row["migration"] = self._migration_name(row)
         mode = "cold" if row["action"] == "restart" else "stop-copy"
         body = {"apiVersion": API_VERSION, "kind": "PodLiveMigration",

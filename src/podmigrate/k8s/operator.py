@@ -32,13 +32,14 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import kopf
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
 from podmigrate.k8s import api as k
-from podmigrate.k8s import controller
+from podmigrate.k8s import controller, drain
 from podmigrate.k8s import evacuation as ev
 from podmigrate.k8s.context import K8sRecord
 from podmigrate.k8s.crd import GROUP, PLURAL, TERMINAL, VERSION
@@ -95,6 +96,16 @@ def startup(settings: kopf.OperatorSettings, logger: kopf.Logger, **_: Any) -> N
     if port:
         start_http_server(port)
         logger.info(f"metrics on :{port}/metrics")
+    hook = int(os.environ.get("PODMIGRATE_WEBHOOK_PORT", "0"))
+    if hook:  # kubectl drain -> migration (k8s.drain), with the operator's certificate
+        cfg = config()
+        api = kube()
+        try:
+            drain.set_ca_bundle(api, Path(cfg.agent_ca).read_bytes())
+        finally:
+            api.close()
+        drain.serve(hook, cfg.agent_cert, cfg.agent_key, cfg, kube)
+        logger.info(f"eviction webhook on :{hook}{drain.PATH}")
 
 
 @kopf.on.login()
@@ -102,7 +113,26 @@ def login(**kwargs: Any) -> kopf.ConnectionInfo | None:
     server = os.environ.get("PODMIGRATE_KUBE_SERVER")
     if server:
         return kopf.ConnectionInfo(server=server, token=os.environ.get("PODMIGRATE_KUBE_TOKEN"), insecure=True)
+    in_cluster = _in_cluster()
+    if in_cluster is not None:
+        return in_cluster
     return kopf.login_via_client(**kwargs) if _has_client() else kopf.login_with_service_account(**kwargs)
+
+
+def _in_cluster() -> kopf.ConnectionInfo | None:
+    """The pod's service account, at the address its environment gives, as client-go's in-cluster
+    configuration does; kopf's own login dials https://kubernetes.default.svc, which needs cluster DNS."""
+    host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+    token = k.SA_DIR / "token"
+    if not (host and port and token.exists()):
+        return None
+    ns = k.SA_DIR / "namespace"
+    return kopf.ConnectionInfo(
+        server=f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}",
+        ca_path=str(k.SA_DIR / "ca.crt"),
+        token=token.read_text().strip(),
+        default_namespace=ns.read_text().strip() if ns.exists() else None,
+    )
 
 
 def _has_client() -> bool:
@@ -205,13 +235,16 @@ def node_signs(type: str, body: kopf.Body, logger: kopf.Logger, **_: Any) -> Non
     its mark is taken off once the node is schedulable and unmarked again."""
     if type == "DELETED":
         return
-    node = dict(body)
-    name = node["metadata"]["name"]
-    mark = (node["metadata"].get("annotations") or {}).get(ev.ANNOTATION)
+    name = body["metadata"]["name"]
     now = time.time()
-    sign = ev.trigger_of(node, ev.triggers(), now)
     api = kube()
     try:
+        # the live node, not the event's: two events can arrive before the first one's mark is seen
+        node = api.get(k.nodes(name))
+        if node is None:
+            return
+        mark = (node["metadata"].get("annotations") or {}).get(ev.ANNOTATION)
+        sign = ev.trigger_of(node, ev.triggers(), now)
         if sign is None and mark and not (node.get("spec") or {}).get("unschedulable"):
             api.patch(k.nodes(name), {"metadata": {"annotations": {ev.ANNOTATION: None}}})
         elif sign is not None and not mark:

@@ -103,6 +103,8 @@ class KubeCluster:
                     "--requestheader-extra-headers-prefix", "X-Remote-Extra-",
                     "--proxy-client-cert-file", f"{pki}/front-proxy-client.crt",
                     "--proxy-client-key-file", f"{pki}/front-proxy-client.key",
+                    # Services of webhooks dialled at their endpoints: this LAN has no kube-proxy
+                    "--enable-aggregator-routing=true",
                     "--profiling=false"]  # fmt: skip
         if name not in ("kube-controller-manager", "kube-scheduler"):
             raise ValueError(name)
@@ -188,6 +190,7 @@ class KubeCluster:
             self._wait(name, ready, timeout)
         for node in self.lab.nodes:
             self._kubelet(node, report)
+        self._pod_routes()
         return self.status()
 
     def _kubelet(self, node: str, report: Report) -> None:
@@ -224,6 +227,26 @@ class KubeCluster:
         conf.write_text(kubelet.conflist(cidr))
         self.lab.run("lan", ["ip", "route", "replace", cidr, "via", layout.node_ip(node)])
 
+    def _pod_routes(self) -> None:
+        """Each node's podCIDR routed on every other node straight to that node's address (host-gw):
+        node-to-pod and pod-to-pod across nodes without the LAN's namespace forwarding, which would
+        also forward between the nodes' Podman workloads."""
+        cidrs = {n: self.pod_cidr(n) for n in self.lab.nodes}
+        for node in self.lab.nodes:
+            for other, cidr in cidrs.items():
+                if other != node and cidr:
+                    self.lab.run(node, ["ip", "route", "replace", cidr, "via", layout.node_ip(other)])
+
+    def _drop_pod_routes(self, where: str) -> None:
+        for line in self.lab.run(where, ["ip", "route", "show"]).stdout.splitlines():
+            dst = line.split()[0]
+            if (
+                " via " in line
+                and dst != "default"
+                and ipaddress.IPv4Network(dst).subnet_of(ipaddress.IPv4Network(layout.POD_SUBNET))
+            ):
+                self.lab.run(where, ["ip", "route", "del", dst], check=False)
+
     def node_ready(self, node: str) -> bool:
         p = self.kubectl(["get", "node", node, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}"],
                          check=False)  # fmt: skip
@@ -235,10 +258,8 @@ class KubeCluster:
             self.kubectl(["delete", "pods", "--all", "--all-namespaces", "--wait", "--timeout=120s"], check=False)
         for node in self.lab.nodes:  # the pod network goes with the cluster
             (self.lab.dir / "nodes" / node / "cni-net.d" / "10-podmigrate.conflist").unlink(missing_ok=True)
-            for line in self.lab.run("lan", ["ip", "route", "show", "via", layout.node_ip(node)]).stdout.splitlines():
-                dst = line.split()[0]
-                if ipaddress.IPv4Network(dst).subnet_of(ipaddress.IPv4Network(layout.POD_SUBNET)):
-                    self.lab.run("lan", ["ip", "route", "del", dst], check=False)
+        for where in ["lan", *self.lab.nodes]:
+            self._drop_pod_routes(where)
         node_side = [f"{c}-{n}" for n in self.lab.nodes for c in ("kube-proxy", "kubelet")]
         for name in [*node_side, *reversed(CONTROL_PLANE)]:
             p = self.running(name)
@@ -271,15 +292,18 @@ class KubeCluster:
         self, args: Sequence[str], check: bool = True, input: str | None = None, timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
         """kubectl of the pinned release, run in the lab's LAN with the admin's kubeconfig."""
-        pid = self.lab.holder_pid()
-        if pid is None:
-            raise LabError(f"lab {self.lab.name!r} is not up", hint="podmigrate lab up --runtime containerd")
-        argv = ["nsenter", f"--net=/proc/{pid}/root/run/netns/lan", str(self.paths.host / "bin" / "kubectl"),
-                "--kubeconfig", str(self.kubeconfig()), *args]  # fmt: skip
-        p = subprocess.run(argv, capture_output=True, text=True, input=input, timeout=timeout)
+        p = subprocess.run(self.kubectl_argv(args), capture_output=True, text=True, input=input, timeout=timeout)
         if check and p.returncode:
             raise LabError(
                 f"kubectl {' '.join(args)} failed (exit {p.returncode})",
                 details={"stderr": p.stderr[-3000:], "stdout": p.stdout[-3000:]},
             )
         return p
+
+    def kubectl_argv(self, args: Sequence[str]) -> list[str]:
+        """The host argv of ``kubectl ARGS`` in the lab's LAN (for output that streams: ``get -w``)."""
+        pid = self.lab.holder_pid()
+        if pid is None:
+            raise LabError(f"lab {self.lab.name!r} is not up", hint="podmigrate lab up --runtime containerd")
+        return ["nsenter", f"--net=/proc/{pid}/root/run/netns/lan", str(self.paths.host / "bin" / "kubectl"),
+                "--kubeconfig", str(self.kubeconfig()), *args]  # fmt: skip

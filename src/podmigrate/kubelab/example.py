@@ -8,15 +8,14 @@ the sidecar at the pod's address. Used by the tests, ``podmigrate demo --kuberne
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
 
 from podmigrate import layout
-from podmigrate.errors import PodmigrateError
 from podmigrate.k8s import api as k
 from podmigrate.lab.containerd import NODE_REGISTRY
+from podmigrate.polling import poll
 from podmigrate.workload.image import workload_image
 
 NS = "default"
@@ -58,16 +57,6 @@ def example_pod(name: str, node: str, heap_mb: int, port: int = 8000) -> dict[st
             ],
         },
     }
-
-
-def poll(fn: Any, timeout: float, what: str, step: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        got = fn()
-        if got:
-            return got
-        time.sleep(step)
-    raise PodmigrateError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def state(node: str, timeout: float = 120, port: int = 8000) -> dict[str, Any]:

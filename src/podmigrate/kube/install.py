@@ -1,0 +1,107 @@
+"""podmigrate installed on the lab's cluster the way a user installs it on theirs.
+
+1. the project's image from ``deploy/Containerfile`` (``kube.image``) into the lab's registry;
+2. the Secrets the manifests mount, from ``podmigrate k8s secrets`` (the documented alternative to
+   cert-manager; its CA and sealing key kept in ``<lab>/kube/podmigrate-ca``);
+3. ``kubectl apply -k`` of a kustomization that sets the image over ``deploy/kubernetes/lab`` (the
+   user's manifests, ``deploy/kubernetes/base``, with the lab's registry and host networking);
+4. the operator's Deployment and the agents' DaemonSet rolled out, every pod Ready.
+
+``example`` applies ``deploy/kubernetes/examples/heapsrv.yaml`` with the image set, as ``kubectl apply
+-f`` of the user's edited copy would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from podmigrate.k8s import secrets
+from podmigrate.kube import image
+from podmigrate.kube.cluster import KubeCluster, Report
+
+NS = secrets.NAMESPACE
+BASE_IMAGE_NAME = "registry.example/podmigrate"  # what deploy/kubernetes/base names the image
+
+
+def _deploy() -> Path:
+    return image.source_root() / "deploy" / "kubernetes"
+
+
+def kustomization(cluster: KubeCluster, ref: str) -> Path:
+    """The lab's kustomization over ``deploy/kubernetes/lab``, the image set to ``ref``; its directory."""
+    out = cluster.paths.host / "install"
+    out.mkdir(parents=True, exist_ok=True)
+    name, tag = image.node_reference(ref).rsplit(":", 1)
+    body = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        # kustomize takes no absolute path for a base
+        "resources": [os.path.relpath(_deploy() / "lab", out)],
+        "images": [{"name": BASE_IMAGE_NAME, "newName": name, "newTag": tag}],
+    }
+    (out / "kustomization.yaml").write_text(yaml.safe_dump(body, sort_keys=False))
+    return out
+
+
+def install(cluster: KubeCluster, report: Report = lambda _m: None, timeout: float = 300) -> dict[str, Any]:
+    """podmigrate's operator and agents running on the cluster; their pods."""
+    cluster.lab.require_up()
+    cluster.kubeconfig()  # a clear error when the lab has no cluster
+    ref = image.ensure_project_image(cluster.lab, report)
+    report("the podmigrate-system namespace and its Secrets (podmigrate k8s secrets)")
+    cluster.kubectl(["apply", "-f", str(_deploy() / "base" / "namespace.yaml")])
+    items = secrets.manifests(cluster.paths.host / "podmigrate-ca", NS)
+    cluster.kubectl(["apply", "-f", "-"], input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    where = kustomization(cluster, ref)
+    report(f"kubectl apply -k (deploy/kubernetes/lab, image {image.node_reference(ref)})")
+    cluster.kubectl(["apply", "-k", str(where)])
+    for what in ("deployment/podmigrate-operator", "daemonset/podmigrate-agent"):
+        report(f"waiting for {what} to roll out")
+        cluster.kubectl(["-n", NS, "rollout", "status", what, f"--timeout={int(timeout)}s"], timeout=timeout + 30)
+    return pods(cluster)
+
+
+def pods(cluster: KubeCluster) -> dict[str, Any]:
+    """podmigrate's pods: name -> node, phase, ready."""
+    out = json.loads(cluster.kubectl(["-n", NS, "get", "pods", "-o", "json"]).stdout)
+    return {
+        p["metadata"]["name"]: {
+            "node": p["spec"].get("nodeName"),
+            "phase": p.get("status", {}).get("phase"),
+            "ready": all(c.get("ready") for c in p.get("status", {}).get("containerStatuses") or [{}]),
+        }
+        for p in out.get("items", [])
+    }
+
+
+def uninstall(cluster: KubeCluster, report: Report = lambda _m: None) -> None:
+    """What ``install`` applied deleted (the CRD with it: every PodLiveMigration goes too)."""
+    where = cluster.paths.host / "install"
+    if (where / "kustomization.yaml").exists():
+        report("kubectl delete -k (podmigrate)")
+        cluster.kubectl(["delete", "-k", str(where), "--ignore-not-found", "--wait", "--timeout=120s"], timeout=180)
+
+
+def example_manifests(cluster: KubeCluster, heap_mb: int | None = None) -> list[dict[str, Any]]:
+    """``deploy/kubernetes/examples/heapsrv.yaml`` with the lab's image (and ``heap_mb``, if given)."""
+    ref = image.node_reference(image.ensure_project_image(cluster.lab))
+    docs = [d for d in yaml.safe_load_all((_deploy() / "examples" / "heapsrv.yaml").read_text()) if d]
+    for doc in docs:
+        for c in doc.get("spec", {}).get("containers", []):
+            if c.get("image") == "podmigrate":
+                c["image"] = ref
+            for env in c.get("env", []):
+                if heap_mb is not None and env["name"] == "HEAP_MB":
+                    env["value"] = str(heap_mb)
+    return docs
+
+
+def apply_example(cluster: KubeCluster, namespace: str = "default", heap_mb: int | None = None) -> None:
+    items = example_manifests(cluster, heap_mb)
+    cluster.kubectl(["-n", namespace, "apply", "-f", "-"],
+                    input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))  # fmt: skip
