@@ -9,6 +9,7 @@ is gone are taken down."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import time
@@ -153,6 +154,41 @@ def kube() -> Iterator[Any]:
             yield cluster
         finally:
             cluster.down()
+
+
+@pytest.fixture(scope="session")
+def installed(kube: Any) -> Any:
+    """``kube`` with podmigrate installed as a user installs it (``kube install``)."""
+    from podmigrate.errors import PodmigrateError
+    from podmigrate.kube import install
+
+    try:
+        install.install(kube, lambda m: print(f"[install] {m}", flush=True))
+    except PodmigrateError as e:  # its details (the pods, events, logs) are the diagnosis
+        raise AssertionError(f"{e}\n{json.dumps(e.details, indent=1)}") from e
+    return kube
+
+
+@pytest.fixture
+def example(installed: Any) -> Iterator[dict[str, Any]]:
+    """The user's example (64 MB heap) running on ``installed``; its state. Removed with every
+    migration, evacuation and cordon after."""
+    from podmigrate.kube import install
+
+    from .kube_helpers import NS, serving
+
+    install.apply_example(installed, NS, heap_mb=64)
+    _pod, st = serving(installed)
+    yield st
+    installed.kubectl(["delete", "plm", "--all", "-n", NS, "--wait=true", "--timeout=120s"], check=False)
+    installed.kubectl(["delete", "nev", "--all", "--wait=true", "--timeout=120s"], check=False)
+    # the heap server has nothing to flush: no 30 s grace period per test
+    gone = ["delete", "pods", "-n", NS, "-l", "app=heapsrv", "--grace-period=1", "--wait=true", "--timeout=120s"]
+    installed.kubectl(gone, check=False)
+    for node in installed.lab.nodes:
+        installed.kubectl(["uncordon", node], check=False)
+        for key in ("aws-node-termination-handler/spot-itn", "gpu"):  # one call each: a missing one fails the call
+            installed.kubectl(["taint", "node", node, f"{key}-"], check=False)
 
 
 @pytest.fixture

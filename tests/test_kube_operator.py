@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,91 +22,14 @@ from podmigrate.kube import image, install
 from podmigrate.kube.cluster import KubeCluster
 
 from .conftest import wait_for
+from .kube_helpers import NS, final, get, kept, leftovers, migrate, phase_of, plm, serving
 
 pytestmark = pytest.mark.lab
-DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
-NS = "default"
-FINAL = ("Completed", "Failed", "RolledBack")
-
-
-@pytest.fixture(scope="module")
-def cluster(kube: KubeCluster) -> KubeCluster:
-    install.install(kube, lambda m: print(f"[install] {m}", flush=True))
-    return kube
-
-
-def get(kube: KubeCluster, *args: str) -> Any:
-    return json.loads(kube.kubectl(["get", "-o", "json", *args]).stdout)
-
-
-def heap_pods(kube: KubeCluster) -> list[dict[str, Any]]:
-    return [p for p in get(kube, "pods", "-n", NS, "-l", "app=heapsrv")["items"]
-            if not p["metadata"].get("deletionTimestamp")]  # fmt: skip
-
-
-def state_at(kube: KubeCluster, ip: str) -> dict[str, Any] | None:
-    p = kube.lab.run("lan", ["curl", "-s", "--max-time", "3", f"http://{ip}:8000/state"], check=False)
-    try:
-        return dict(json.loads(p.stdout)) if p.returncode == 0 else None
-    except ValueError:
-        return None
-
-
-def serving(kube: KubeCluster) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The one heapsrv pod there is, once it is Ready and answers, and its state."""
-
-    def one() -> tuple[dict[str, Any], dict[str, Any]] | None:
-        pods = heap_pods(kube)
-        if len(pods) != 1 or not all(c.get("ready") for c in pods[0]["status"].get("containerStatuses") or [{}]):
-            return None
-        st = state_at(kube, pods[0]["status"]["podIP"])
-        return (pods[0], st) if st else None
-
-    return wait_for(one, 180, "one heapsrv pod serving")
 
 
 @pytest.fixture
-def example(cluster: KubeCluster) -> Iterator[dict[str, Any]]:
-    """The user's example (64 MB heap) running; its state. Removed with every migration after."""
-    install.apply_example(cluster, NS, heap_mb=64)
-    _pod, st = serving(cluster)
-    yield st
-    cluster.kubectl(["delete", "plm", "--all", "-n", NS, "--wait=true", "--timeout=120s"], check=False)
-    # the heap server has nothing to flush: no 30 s grace period per test
-    gone = ["delete", "pods", "-n", NS, "-l", "app=heapsrv", "--grace-period=1", "--wait=true", "--timeout=120s"]
-    cluster.kubectl(gone, check=False)
-    for node in cluster.lab.nodes:
-        cluster.kubectl(["uncordon", node], check=False)
-
-
-def migrate(kube: KubeCluster, body: dict[str, Any] | None = None) -> str:
-    """Apply a PodLiveMigration (default: the user's file as it is); its name."""
-    text = json.dumps(body) if body else (DEPLOY / "examples" / "podlivemigration.yaml").read_text()
-    kube.kubectl(["apply", "-n", NS, "-f", "-"], input=text)
-    return str(body["metadata"]["name"]) if body else "heapsrv-move"
-
-
-def final(kube: KubeCluster, name: str, timeout: float = 300) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
-        st = get(kube, "plm", name, "-n", NS).get("status") or {}
-        return st if st.get("phase") in FINAL else None
-
-    return wait_for(done, timeout, f"PodLiveMigration {name} to finish", 0.5)
-
-
-def kept(before: dict[str, Any], after: dict[str, Any]) -> None:
-    assert after["sha256"] == before["sha256"]
-    assert after["started"] == before["started"]  # the same process, not a restart
-    assert after["counter"] >= before["counter"]
-
-
-def leftovers(kube: KubeCluster) -> dict[str, list[str]]:
-    """Checkpoint archives left in each node's kubelet directory (memory: the agent removes them)."""
-    out = {}
-    for node in kube.lab.nodes:
-        p = kube.lab.run(node, ["sh", "-c", "ls /var/lib/kubelet/checkpoints 2>/dev/null || true"])
-        out[node] = p.stdout.split()
-    return out
+def cluster(installed: KubeCluster) -> KubeCluster:
+    return installed
 
 
 def test_the_operator_and_agents_run_as_pods_installed_with_kubectl_apply_k(cluster: KubeCluster) -> None:
@@ -124,10 +47,6 @@ def test_the_operator_and_agents_run_as_pods_installed_with_kubectl_apply_k(clus
     # the webhook's CA was set by the operator from its own Secret
     hook = get(cluster, "validatingwebhookconfiguration", "podmigrate-eviction")
     assert hook["webhooks"][0]["clientConfig"].get("caBundle")
-
-
-def phase_of(kube: KubeCluster, name: str) -> str:
-    return str((get(kube, "plm", name, "-n", NS).get("status") or {}).get("phase", ""))
 
 
 def _mid_migration(
@@ -148,24 +67,26 @@ def _mid_migration(
     return st
 
 
-def plm(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {"apiVersion": "podmigrate.io/v1alpha1", "kind": "PodLiveMigration", "metadata": {"name": name},
-            "spec": {"podName": "heapsrv", "service": "heapsrv", **spec}}  # fmt: skip
-
-
 def test_an_agent_without_nodes_checkpoint_is_refused_by_the_real_authorizer(
     cluster: KubeCluster, example: dict[str, Any]
 ) -> None:
-    """First of the migrations here: the kubelets cache a granted SubjectAccessReview for minutes."""
+    """The agents run as a ServiceAccount no role is bound to: the kubelet's SubjectAccessReview for
+    ``nodes/checkpoint`` is refused by the real API server (a new user: nothing cached)."""
     source_pod, before = serving(cluster)
-    cluster.kubectl(["delete", "clusterrolebinding", "podmigrate-agent"])
+    ns = install.NS
+    cluster.kubectl(["-n", ns, "create", "serviceaccount", "podmigrate-agent-restricted"], check=False)
+    patch = {"spec": {"template": {"spec": {"serviceAccountName": "podmigrate-agent-restricted"}}}}
+    cluster.kubectl(["-n", ns, "patch", "daemonset", "podmigrate-agent", "-p", json.dumps(patch)])
     try:
+        cluster.kubectl(["-n", ns, "rollout", "status", "daemonset/podmigrate-agent", "--timeout=180s"], timeout=200)
         st = final(cluster, migrate(cluster))
     finally:
         cluster.kubectl(["apply", "-k", str(cluster.paths.host / "install")])
+        cluster.kubectl(["-n", ns, "rollout", "status", "daemonset/podmigrate-agent", "--timeout=180s"], timeout=200)
+        cluster.kubectl(["-n", ns, "delete", "serviceaccount", "podmigrate-agent-restricted"], check=False)
     assert st["phase"] in ("Failed", "RolledBack")
     assert st["record"]["phase"] == "checkpoint"
-    assert "Forbidden" in st["message"] and "nodes" in st["message"], st["message"]
+    assert "Forbidden" in st["message"] and "podmigrate-agent-restricted" in st["message"], st["message"]
     pod, after = serving(cluster)
     assert pod["metadata"]["name"] == source_pod["metadata"]["name"]
     kept(before, after)

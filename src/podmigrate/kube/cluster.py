@@ -35,6 +35,13 @@ ETCD = "https://127.0.0.1:2379"
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 
 
+def _usual_umask(then: Callable[[], None]) -> None:
+    """A component's files (the kubelet's pod directories) as upstream expects them, whatever the
+    umask of the process that started it (the tests run under 077)."""
+    os.umask(0o022)
+    then()
+
+
 class KubeCluster:
     def __init__(self, lab: Lab):
         self.lab = lab
@@ -129,7 +136,7 @@ class KubeCluster:
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{name}.log", "ab") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=join(cg))  # fmt: skip
+                                    start_new_session=True, preexec_fn=lambda: _usual_umask(join(cg)))  # fmt: skip
         p = procs.write_pidfile(self._pidfile(name), proc.pid)
         if p is None:
             raise LabError(f"{name} exited at once", hint=f"its log: {logs / f'{name}.log'}")

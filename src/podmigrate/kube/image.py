@@ -99,6 +99,7 @@ def _build(lab: Lab, rootfs: str, tag: str, archive: str, report: Report) -> Non
         # lab has its own
         b = f"buildah --root {inside}/storage --runroot /run/podmigrate-build-{work.name} --storage-driver overlay"
         script = f"""set -e
+umask 022
 export BUILDAH_ISOLATION=chroot
 cleanup() {{ {b} rm --all >/dev/null 2>&1 || true; {b} rmi --all --force >/dev/null 2>&1 || true; rm -f {part}; }}
 trap cleanup EXIT

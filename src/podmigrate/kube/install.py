@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from podmigrate.errors import LabError
 from podmigrate.k8s import secrets
 from podmigrate.kube import image
 from podmigrate.kube.cluster import KubeCluster, Report
@@ -62,8 +63,26 @@ def install(cluster: KubeCluster, report: Report = lambda _m: None, timeout: flo
     cluster.kubectl(["apply", "-k", str(where)])
     for what in ("deployment/podmigrate-operator", "daemonset/podmigrate-agent"):
         report(f"waiting for {what} to roll out")
-        cluster.kubectl(["-n", NS, "rollout", "status", what, f"--timeout={int(timeout)}s"], timeout=timeout + 30)
+        argv = ["-n", NS, "rollout", "status", what, f"--timeout={int(timeout)}s"]
+        if cluster.kubectl(argv, check=False, timeout=timeout + 30).returncode:
+            raise LabError(
+                f"{what} did not roll out in {timeout:.0f} s",
+                hint="its pods, their events and logs are in details",
+                details=_why(cluster),
+            )
     return pods(cluster)
+
+
+def _why(cluster: KubeCluster) -> dict[str, Any]:
+    """What a user would look at: the pods, the namespace's events, each pod's last log lines."""
+    out: dict[str, Any] = {"pods": cluster.kubectl(["-n", NS, "get", "pods", "-o", "wide"], check=False).stdout}
+    events = cluster.kubectl(["-n", NS, "get", "events", "--sort-by=.lastTimestamp"], check=False).stdout
+    out["events"] = events.splitlines()[-30:]
+    for name in pods(cluster):
+        log = cluster.kubectl(["-n", NS, "logs", name, "--tail=30", "--all-containers"], check=False)
+        prev = cluster.kubectl(["-n", NS, "logs", name, "--tail=30", "--previous"], check=False)
+        out[f"log {name}"] = (log.stdout + log.stderr + prev.stdout).splitlines()[-40:]
+    return out
 
 
 def pods(cluster: KubeCluster) -> dict[str, Any]:

@@ -355,6 +355,10 @@ def node_main(name: str) -> None:
 
 
 def main(argv: list[str]) -> None:
+    # the lab's services (containerd, the kubelets, the agents) get the usual umask, not their
+    # starter's: under 077, containerd's snapshots (every container's /) were 0700 and a container
+    # running as a non-root user could not run anything
+    os.umask(0o022)
     if argv[:1] == ["lab"]:
         lab_main()
     elif argv[:1] == ["node"] and len(argv) == 2:

@@ -1,0 +1,86 @@
+"""Helpers of the tests on the lab's upstream Kubernetes with podmigrate installed (``conftest.kube``,
+``conftest.installed``): kubectl as JSON, the example pod's state read from the LAN at its address,
+PodLiveMigrations applied and waited for."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from podmigrate.kube.cluster import KubeCluster
+
+from .conftest import wait_for
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy" / "kubernetes"
+NS = "default"
+FINAL = ("Completed", "Failed", "RolledBack")
+
+
+def get(kube: KubeCluster, *args: str) -> Any:
+    return json.loads(kube.kubectl(["get", "-o", "json", *args]).stdout)
+
+
+def heap_pods(kube: KubeCluster) -> list[dict[str, Any]]:
+    return [p for p in get(kube, "pods", "-n", NS, "-l", "app=heapsrv")["items"]
+            if not p["metadata"].get("deletionTimestamp")]  # fmt: skip
+
+
+def state_at(kube: KubeCluster, ip: str) -> dict[str, Any] | None:
+    p = kube.lab.run("lan", ["curl", "-s", "--max-time", "3", f"http://{ip}:8000/state"], check=False)
+    try:
+        return dict(json.loads(p.stdout)) if p.returncode == 0 else None
+    except ValueError:
+        return None
+
+
+def serving(kube: KubeCluster) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The one heapsrv pod there is, once it is Ready and answers, and its state."""
+
+    def one() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        pods = heap_pods(kube)
+        if len(pods) != 1 or not all(c.get("ready") for c in pods[0]["status"].get("containerStatuses") or [{}]):
+            return None
+        st = state_at(kube, pods[0]["status"]["podIP"])
+        return (pods[0], st) if st else None
+
+    return wait_for(one, 180, "one heapsrv pod serving")
+
+
+def migrate(kube: KubeCluster, body: dict[str, Any] | None = None) -> str:
+    """Apply a PodLiveMigration (default: the user's file as it is); its name."""
+    text = json.dumps(body) if body else (DEPLOY / "examples" / "podlivemigration.yaml").read_text()
+    kube.kubectl(["apply", "-n", NS, "-f", "-"], input=text)
+    return str(body["metadata"]["name"]) if body else "heapsrv-move"
+
+
+def final(kube: KubeCluster, name: str, timeout: float = 300) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        st = get(kube, "plm", name, "-n", NS).get("status") or {}
+        return st if st.get("phase") in FINAL else None
+
+    return wait_for(done, timeout, f"PodLiveMigration {name} to finish", 0.5)
+
+
+def kept(before: dict[str, Any], after: dict[str, Any]) -> None:
+    assert after["sha256"] == before["sha256"]
+    assert after["started"] == before["started"]  # the same process, not a restart
+    assert after["counter"] >= before["counter"]
+
+
+def leftovers(kube: KubeCluster) -> dict[str, list[str]]:
+    """Checkpoint archives left in each node's kubelet directory (memory: the agent removes them)."""
+    out = {}
+    for node in kube.lab.nodes:
+        p = kube.lab.run(node, ["sh", "-c", "ls /var/lib/kubelet/checkpoints 2>/dev/null || true"])
+        out[node] = p.stdout.split()
+    return out
+
+
+def phase_of(kube: KubeCluster, name: str) -> str:
+    return str((get(kube, "plm", name, "-n", NS).get("status") or {}).get("phase", ""))
+
+
+def plm(name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    return {"apiVersion": "podmigrate.io/v1alpha1", "kind": "PodLiveMigration", "metadata": {"name": name},
+            "spec": {"podName": "heapsrv", "service": "heapsrv", **spec}}  # fmt: skip
