@@ -1,10 +1,10 @@
-"""Shared fixtures. Tests marked ``lab`` run against real labs (root, CRIU, Podman) whose names are
-this test run's own (``RUN``, e.g. ``pm3fa2c1``, and ``RUN-SUFFIX`` for the others), so that test
-runs, a demo and benchmarks can share the machine; each is started once and removed at the end
-(PODMIGRATE_KEEP_LAB=1 keeps them; PODMIGRATE_TEST_LAB=NAME uses that lab instead of the session's
-own, left up if it was up). A run that died without its teardown is found by the next one: each lab
-a run starts is listed in ``$PODMIGRATE_HOME/test-runs`` with the run's process, and labs whose run
-is gone are taken down."""
+"""Shared fixtures. Tests marked ``lab`` run against real labs (root, CRIU, Podman) whose names are this
+test run's own (``RUN``, e.g. ``pm3fa2c1``, and ``RUN-SUFFIX`` for the others), so that test runs, a
+demo and benchmarks can share the machine; each is started once and removed at the end
+(PODMIGRATE_KEEP_LAB=1 keeps them; PODMIGRATE_TEST_LAB=NAME uses that lab instead of the session's own,
+left up if it was up; PODMIGRATE_TEST_KUBE_LAB=NAME the same for the Kubernetes tests' lab). A run that
+died without its teardown is found by the next one: each lab a run starts is listed in
+``$PODMIGRATE_HOME/test-runs`` with the run's process, and labs whose run is gone are taken down."""
 
 from __future__ import annotations
 
@@ -142,18 +142,20 @@ KERNEL_BEFORE_KUBE: dict[str, int] = {}  # the machine's settings the kubelet wo
 @pytest.fixture(scope="session")
 def kube() -> Iterator[Any]:
     """Upstream Kubernetes (``podmigrate kube up``) on a containerd lab of its own: its kubelets own
-    their nodes' containerd, which the emulated API's tests (``containerd_lab``) drive themselves."""
+    their nodes' containerd, which the CRI tests (``containerd_lab``) drive themselves."""
     from podmigrate.kube.cluster import KubeCluster
     from podmigrate.kube.kubelet import KERNEL_DEFAULTS
 
-    for the_lab in up_lab(run_lab_name("kube"), runtime="containerd"):
+    given = os.environ.get("PODMIGRATE_TEST_KUBE_LAB")  # a lab with its cluster up, left as it is
+    for the_lab in up_lab(given or run_lab_name("kube"), runtime="containerd"):
         KERNEL_BEFORE_KUBE.update({k: int(Path("/proc/sys", k).read_text()) for k in KERNEL_DEFAULTS})
         cluster = KubeCluster(the_lab)
         cluster.up(lambda m: print(f"[kube] {m}", flush=True))
         try:
             yield cluster
         finally:
-            cluster.down()
+            if not given:
+                cluster.down()
 
 
 @pytest.fixture(scope="session")

@@ -5,6 +5,9 @@ PodLiveMigrations applied and waited for."""
 from __future__ import annotations
 
 import json
+import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +87,56 @@ def phase_of(kube: KubeCluster, name: str) -> str:
 def plm(name: str, spec: dict[str, Any]) -> dict[str, Any]:
     return {"apiVersion": "podmigrate.io/v1alpha1", "kind": "PodLiveMigration", "metadata": {"name": name},
             "spec": {"podName": "heapsrv", "service": "heapsrv", **spec}}  # fmt: skip
+
+
+def apply_list(kube: KubeCluster, items: list[dict[str, Any]]) -> None:
+    kube.kubectl(["apply", "-n", NS, "-f", "-"], input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+
+
+def events(kube: KubeCluster, name: str) -> list[tuple[str, str]]:
+    got = get(kube, "events", "-n", NS, "--field-selector", f"involvedObject.name={name}")["items"]
+    return [(e["reason"], e["message"]) for e in got]
+
+
+def other(kube: KubeCluster, node: str) -> str:
+    return next(n for n in kube.lab.nodes if n != node)
+
+
+class Watch:
+    """``kubectl get ARGS --watch`` in a thread: ``act(object)`` on every version of the objects it
+    shows, from the first, until ``act`` returns True (a test's reaction, at the API server's pace)."""
+
+    def __init__(self, kube: KubeCluster, args: list[str], act: Callable[[dict[str, Any]], bool]) -> None:
+        self.kube, self.args, self.act = kube, args, act
+        self.acted = threading.Event()
+        self.errors: list[BaseException] = []
+
+    def __enter__(self) -> Watch:
+        argv = self.kube.kubectl_argv(["get", *self.args, "--watch", "-o", "json"])
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        assert self.proc.stdout is not None
+        text = ""
+        for line in self.proc.stdout:
+            text += line
+            if line.rstrip("\n") != "}" or self.acted.is_set():  # each object ends with "}" alone on a line
+                text = "" if line.rstrip("\n") == "}" else text
+                continue
+            try:
+                obj, text = json.loads(text), ""
+                if self.act(obj):
+                    self.acted.set()
+            except Exception as e:  # kept: raised in the test's thread at the end
+                self.errors.append(e)
+                self.acted.set()
+
+    def __exit__(self, *_: object) -> None:
+        self.proc.terminate()
+        self.proc.wait(timeout=10)
+        self.thread.join(timeout=10)
+        if self.errors:
+            raise self.errors[0]

@@ -1,5 +1,5 @@
 """NodeEvacuation without a cluster: its spec, the signs that start one, what it counts and plans
-(an in-memory API stands in for the server; the lab test is in test_k8s.py)."""
+(an in-memory API stands in for the server; the cluster's tests are in test_kube_cases.py)."""
 
 from __future__ import annotations
 

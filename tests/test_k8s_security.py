@@ -1,6 +1,6 @@
 """Issue 13, item 7: each Kubernetes attack tried for real, without a lab, and refused.
 
-Real: the operator's validate and runner on the emulated API server (``kubelab.apiserver``); the node
+Real: the operator's validate and runner, on a fake API (``tests/fake_kube.py``, in memory); the node
 agent's https listener with a CA from ``podmigrate.pki``, a kubelet stand-in serving a certificate of
 that CA (the agent verifies it), and a distribution registry (``docker-registry``, plain HTTP on
 loopback). Refused: a foreign ``spec.registry``, a namespace not served, a caller without the
@@ -33,11 +33,11 @@ from podmigrate.k8s.context import LOCK, K8sRecord
 from podmigrate.k8s.kubelet import KubeletClient
 from podmigrate.k8s.policy import Policy, Refused, by_digest
 from podmigrate.k8s.restores import Restores
-from podmigrate.kubelab.apiserver import APIServer
-from podmigrate.kubelab.cluster import free_port
 from podmigrate.pki import CA
 from podmigrate.transport import registry, seal
 from tests.conftest import wait_for
+from tests.fake_kube import FakeKubeAPI
+from tests.tls_helpers import free_port
 
 OURS = "localhost:5000/checkpoints"
 
@@ -95,9 +95,8 @@ class NoAgents(controller.Agents):
 
 
 @pytest.fixture(scope="module")
-def kube() -> Iterator[k.KubeAPI]:
-    server = APIServer().start()
-    api = server.api()
+def kube() -> Any:
+    api = FakeKubeAPI()
     ready = [{"type": "Ready", "status": "True"}]
     for node in ("node-a", "node-b"):
         info = {"nodeInfo": {"containerRuntimeVersion": "containerd://2.1.4"}, "conditions": ready}
@@ -108,9 +107,7 @@ def kube() -> Iterator[k.KubeAPI]:
             "spec": {"nodeName": "node-a", "containers": [{"name": "server", "image": "heapsrv"}]},
             "status": {"phase": "Running", "conditions": ready},
         })  # fmt: skip
-    yield api
-    api.close()
-    server.stop()
+    return api
 
 
 def migrate(api: k.KubeAPI, ns: str, name: str, spec: dict[str, Any], **config: Any) -> controller.Ctx:
@@ -150,6 +147,47 @@ def test_an_allowed_registry_passes_validation(kube: k.KubeAPI) -> None:
     assert all(r.startswith("registry.example:5000/ckpt/default-web-server:") for r in ctx.rec["references"].values())
     controller.rollback(ctx)  # unlock the pod for the other tests
     assert LOCK not in ((kube.get(k.pods("default", "web")) or {})["metadata"].get("annotations") or {})
+
+
+def test_a_lock_taken_between_validates_read_and_its_write_is_not_overwritten(kube: k.KubeAPI) -> None:
+    """Another PodLiveMigration locks the pod after this one read it unlocked: the lock carries the
+    resourceVersion read, the API answers 409, and this one fails naming the holder."""
+    kube.create(k.migrations("default"), {"metadata": {"name": "first", "namespace": "default"},
+                                          "status": {"phase": "Checkpointing"}})  # fmt: skip
+    pod = k.pods("default", "web")
+
+    def steal(path: str) -> None:
+        if path == pod:
+            kube.before_patch = None  # type: ignore[attr-defined]
+            kube.patch(pod, {"metadata": {"annotations": {LOCK: "first"}}})
+
+    kube.before_patch = steal  # type: ignore[attr-defined]
+    try:
+        ctx = migrate(kube, "default", "second", {"podName": "web", "targetNode": "node-b"})
+        st = (kube.get(k.migrations("default", "second")) or {}).get("status") or {}
+        assert st.get("phase") == "Failed", st
+        assert "already being migrated by PodLiveMigration 'first'" in st["message"], st["message"]
+        assert (kube.get(pod) or {})["metadata"]["annotations"][LOCK] == "first"  # not overwritten
+        assert "references" in ctx.rec and ctx.rec["done"] == []
+    finally:
+        kube.patch(pod, {"metadata": {"annotations": {LOCK: None}}})
+        kube.delete(k.migrations("default", "first"))
+
+
+def test_a_409_for_another_change_of_the_pod_is_retried_on_the_pod_as_it_is(kube: k.KubeAPI) -> None:
+    pod = k.pods("default", "web")
+
+    def kubelet_writes(path: str) -> None:
+        if path == pod:
+            kube.before_patch = None  # type: ignore[attr-defined]
+            kube.patch(pod, {"metadata": {"labels": {"touched": "yes"}}})
+
+    kube.before_patch = kubelet_writes  # type: ignore[attr-defined]
+    ctx = migrate(kube, "default", "retried", {"podName": "web", "targetNode": "node-b"})
+    assert ctx.rec["done"] == ["validate"], ctx.rec.get("error")
+    assert (kube.get(pod) or {})["metadata"]["annotations"][LOCK] == "retried"
+    controller.rollback(ctx)
+    kube.patch(pod, {"metadata": {"labels": {"touched": None}}})
 
 
 class RuntimeClassAgents(NoAgents):

@@ -1,7 +1,7 @@
-"""The operator's cases on upstream Kubernetes (``conftest.installed``), as ``tests/test_k8s.py`` runs
-them on the emulated API server: cold restart, specs refused by the API server's schema or by the
-operator with the field named, one migration per pod, a running migration deleted, some containers
-checkpointed, a Spot interruption taint evacuating the node, a deadline too short."""
+"""The operator's cases on upstream Kubernetes (``conftest.installed``): cold restart, specs refused by the
+API server's schema or by the operator with the field named, one migration per pod, a running migration
+deleted, some containers checkpointed, a Spot interruption taint evacuating the node, a deadline too
+short."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from podmigrate.kube import image
 from podmigrate.kube.cluster import KubeCluster
 
 from .conftest import wait_for
-from .kube_helpers import NS, final, get, heap_pods, kept, leftovers, migrate, phase_of, plm, serving
+from .kube_helpers import NS, events, final, get, heap_pods, kept, leftovers, migrate, other, phase_of, plm, serving
 
 pytestmark = pytest.mark.lab
 
@@ -24,15 +24,6 @@ pytestmark = pytest.mark.lab
 @pytest.fixture
 def cluster(installed: KubeCluster) -> KubeCluster:
     return installed
-
-
-def other(cluster: KubeCluster, node: str) -> str:
-    return next(n for n in cluster.lab.nodes if n != node)
-
-
-def events(cluster: KubeCluster, name: str) -> list[tuple[str, str]]:
-    got = get(cluster, "events", "-n", NS, "--field-selector", f"involvedObject.name={name}")["items"]
-    return [(e["reason"], e["message"]) for e in got]
 
 
 def test_cold_restart_starts_a_fresh_pod_and_checkpoints_nothing(cluster: KubeCluster, example: dict[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """Which restore path a node gets (``k8s.runtimes``), and the RuntimeClass handler's decisions
 (``runtime.runc_restore``) on real bundles and directories, with a stand-in for runc that records
-its argv (the real runc restore runs in ``tests/test_k8s.py``)."""
+its argv (the real runc restore runs in ``tests/test_kube_operator.py`` and ``tests/test_kube_faults.py``)."""
 
 from __future__ import annotations
 

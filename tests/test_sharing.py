@@ -18,6 +18,7 @@ import pytest
 from podmigrate import layout, procs
 from podmigrate.lab import tunables
 from podmigrate.lab.claims import Claims
+from tests.conftest import wait_for
 
 
 def sleeper() -> subprocess.Popen[bytes]:
@@ -57,6 +58,19 @@ def test_a_kill_is_refused_outside_the_named_cgroup_and_stop_waits_for_the_exit(
     assert procs.stop(p, cgroup=own, timeout=10)
     reaper.join(10)
     assert child.returncode == -signal.SIGTERM
+
+
+def test_a_service_that_exited_but_is_not_reaped_is_alive_but_not_running() -> None:
+    """A zombie keeps its pid (alive: nothing may reuse it) but runs nothing: a supervisor that took
+    it for running would not start the service again (etcd restarted under a dead parent did that)."""
+    child = sleeper()
+    p = procs.identify(child.pid)
+    assert p is not None and procs.running(p)
+    os.kill(child.pid, signal.SIGKILL)
+    wait_for(lambda: not procs.running(p), 10, "the child to exit")
+    assert procs.alive(p)  # not reaped yet: a zombie
+    child.wait()
+    assert not procs.alive(p) and not procs.running(p)
 
 
 def test_a_claim_whose_pid_now_belongs_to_another_process_is_free(tmp_path: Path) -> None:

@@ -145,16 +145,12 @@ def run_kubernetes(lab_name: str, heap_mb: int, out_dir: Path, report: Report = 
     user's example pod (heap server + sidecar) applied, moved to the other node by a PodLiveMigration
     restored through CRI, and back through the podmigrate RuntimeClass. ``report`` gets every phase
     change of each PodLiveMigration as it happens. The cluster stays up (``kube down`` ends it)."""
-    from podmigrate.bench.k8s import k8s_lab
+    from podmigrate.bench.k8s import ready_cluster
     from podmigrate.kube import example, install
-    from podmigrate.kube.cluster import KubeCluster
 
-    lab = k8s_lab(lab_name, report)
+    cluster = ready_cluster(lab_name, report)
+    lab = cluster.lab
     out_dir.mkdir(parents=True, exist_ok=True)
-    cluster = KubeCluster(lab)
-    report("upstream Kubernetes on the lab's nodes (kube up)")
-    cluster.up(report)
-    install.install(cluster, report)
     ns = "default"
     cluster.kubectl(["delete", "plm", "--all", "-n", ns, "--wait=true"], check=False)
     cluster.kubectl(["delete", "pods", "-l", "app=heapsrv", "-n", ns, "--grace-period=1", "--wait=true"], check=False)

@@ -48,6 +48,17 @@ def alive(p: Proc) -> bool:
     return start_time(p.pid) == p.start
 
 
+def running(p: Proc) -> bool:
+    """Whether ``p`` runs: alive and not a zombie (one that exited, whose parent has not reaped it yet;
+    a service whose parent is gone waits on init's reaping)."""
+    try:
+        stat = Path(f"/proc/{p.pid}/stat").read_text()
+    except OSError:
+        return False
+    fields = stat.rsplit(")", 1)[1].split()
+    return int(fields[19]) == p.start and fields[0] not in ("Z", "X")
+
+
 def parse(text: str) -> Proc | None:
     words = text.split()
     try:

@@ -1,13 +1,17 @@
-"""The Kubernetes path measured: PodLiveMigrations on the lab's containerd nodes (``kubelab``).
+"""The Kubernetes path measured on upstream Kubernetes in the lab (``kube up``, podmigrate installed
+as a user installs it).
 
 Like with like against the study, whose figures are Kubernetes figures (kubelet checkpoint, image,
-runtime restore, Service cutover): the example pod moves back and forth between node-a and node-b,
-N times per heap, mode and restore path, in one run, alternating direction. Per migration it keeps
-the operator's phase times (checkpoint = the kubelet's CRI ``CheckpointContainer`` of every
+runtime restore, Service cutover, probed from outside the cluster): the example pod moves back and
+forth between the nodes, N times per heap, mode and restore path, in one run, alternating direction.
+Per migration it keeps the operator's phase times (checkpoint = the kubelet's checkpoint of every
 container, package = the push, restore = pull or fetch + the pod's create and start, cutover = the
-Service switch), its blackout (the time the Service selected no ready pod: stop-copy and cold) and
-drift (decoupled: the source served on after its checkpoint), bytes, and whether the heap came over
-(SHA-256 and start time). ``podmigrate bench k8s`` runs it; ``report`` renders ``k8s.json``.
+Service switch), the blackout in its record (the time the Service selected no ready pod: stop-copy
+and cold) and drift (decoupled: the source served on after its checkpoint), and beside them what a
+client on the LAN saw (``kube.prober``: 50 Hz through the Service's NodePort, a new connection per
+probe): the longest run of failed probes and whether the state it read ever went back; bytes, and
+whether the heap came over (SHA-256 and start time). ``podmigrate bench k8s`` runs it; ``report``
+renders ``k8s.json``.
 """
 
 from __future__ import annotations
@@ -18,17 +22,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from podmigrate import layout
 from podmigrate.bench import stats
 from podmigrate.errors import LabError
-from podmigrate.kubelab import example
-from podmigrate.kubelab.cluster import KubeLab
+from podmigrate.kube import example, install
+from podmigrate.kube.cluster import KubeCluster
+from podmigrate.kube.prober import Prober, blackout, went_back
 from podmigrate.lab.cluster import Lab
 from podmigrate.polling import poll
-from podmigrate.workload.image import ensure_workload_image
 
 Report = Callable[[str], None]
 PHASES = ("validate", "isolate", "checkpoint", "package", "restore", "cutover", "cleanup")
 METHODS = ("decoupled/cri", "decoupled/runtimeclass", "stop-copy/cri", "stop-copy/runtimeclass", "cold")
+NS = "default"
 
 
 def k8s_lab(name: str, report: Report) -> Lab:
@@ -41,37 +47,65 @@ def k8s_lab(name: str, report: Report) -> Lab:
         )
     if not lab.is_up():
         lab.up(nodes=2, runtime="containerd", report=report)
-    ensure_workload_image(lab, report)
     return lab
 
 
-def one(kl: KubeLab, pod: str, source: str, method: str, heap_mb: int, index: int) -> dict[str, Any]:
-    """Move ``pod`` off ``source`` with ``method``; the row, and the copy's name in ``row['pod']``."""
+def ready_cluster(lab_name: str, report: Report) -> KubeCluster:
+    """Upstream Kubernetes on lab ``lab_name`` (``kube up``) with podmigrate installed (``kube install``)."""
+    cluster = KubeCluster(k8s_lab(lab_name, report))
+    report("upstream Kubernetes on the lab's nodes (kube up)")
+    cluster.up(report)
+    install.install(cluster, report)
+    return cluster
+
+
+def _clear(cluster: KubeCluster) -> None:
+    cluster.kubectl(["delete", "plm", "--all", "-n", NS, "--wait=true"], check=False)
+    gone = ["delete", "pods", "-l", "app=heapsrv", "-n", NS, "--grace-period=1", "--wait=true", "--timeout=300s"]
+    cluster.kubectl(gone, check=False, timeout=330)
+
+
+def one(cluster: KubeCluster, pod: str, method: str, heap_mb: int, index: int, port: int) -> dict[str, Any]:
+    """Move ``pod`` to the other node with ``method``, probed from the LAN; the row, and the pod that
+    serves after it in ``row['pod']``."""
     mode, _, path = method.partition("/")
-    target = "node-b" if source == "node-a" else "node-a"
-    before = example.state(source)
+    here = example.ready_pod(cluster, NS, pod, 300 + heap_mb / 4)
+    source = here["spec"]["nodeName"]
+    target = next(n for n in cluster.lab.nodes if n != source)
+    before = example.state(cluster, here, 120 + heap_mb / 4)
     name = f"b{index}-{mode}"
-    spec: dict[str, Any] = {"podName": pod, "targetNode": target, "mode": mode,
+    spec: dict[str, Any] = {"podName": pod, "targetNode": target, "mode": mode, "service": "heapsrv",
                             "timeouts": {"checkpointSeconds": 600, "restoreSeconds": 600}}  # fmt: skip
     if path:
         spec["restorePath"] = path
-    t0 = time.time()
-    example.migrate(kl.api, name, spec)
-    st = example.wait_final(kl.api, name, timeout=1800)
+    with Prober(cluster.lab, layout.node_ip(cluster.lab.nodes[0]), port) as probes:
+        poll(lambda: probes.answered() >= 5, 60, "the prober's first answers")
+        t0 = time.time()
+        example.migrate(cluster, NS, name, spec)
+        st = example.wait_final(cluster, NS, name, timeout=1800)
+        ended = time.time()
+
+        def after_it() -> bool:
+            return sum(1 for s in probes.samples if s["ok"] and s["t"] > ended) >= 10
+
+        poll(after_it, 120, "answers after the migration")
     row: dict[str, Any] = {
         "method": method, "mode": mode, "path": st.get("restorePath") or path or None, "heap_mb": heap_mb,
-        "run": index, "source": source, "target": target, "phase": st.get("phase"), "total_s": time.time() - t0,
+        "run": index, "source": source, "target": target, "phase": st.get("phase"), "total_s": ended - t0,
         "phase_s": st.get("phaseTimings") or {}, "blackout_s": st.get("blackoutSeconds"),
         "drift_s": st.get("driftSeconds"), "bytes": st.get("bytes"), "message": st.get("message", ""),
+        "client_blackout_s": blackout(probes.samples)["seconds"], "client_went_back": len(went_back(probes.samples)),
+        "probes": len(probes.samples),
     }  # fmt: skip
     if st.get("phase") == "Completed":
-        after = example.state(target, timeout=120 + heap_mb / 4)
+        copy = example.ready_pod(cluster, NS, st["restoredPod"]["name"], 300)
+        after = example.state(cluster, copy, 120 + heap_mb / 4)
         row["sha256_equal"] = after["sha256"] == before["sha256"]
         row["same_process"] = after["started"] == before["started"]
         row["pod"] = st["restoredPod"]["name"]
     else:
         row["pod"] = pod  # rolled back: the source serves on
-    kl.api.delete(f"{example.PLMS}/{name}")
+    cluster.kubectl(["delete", "plm", name, "-n", NS], check=False)
     return row
 
 
@@ -87,37 +121,28 @@ def run(
     unknown = sorted(set(methods) - set(METHODS))
     if unknown:
         raise LabError(f"unknown methods {unknown}", hint=f"methods: {', '.join(METHODS)}")
-    lab = k8s_lab(lab_name, report)
+    cluster = ready_cluster(lab_name, report)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
-    kl = KubeLab(lab, out_dir / "kubelab").start()
-    try:
-        for heap in heaps:
-            pod, node = f"heap{heap}", "node-a"
-            report(f"{heap} MB: starting the example pod on node-a")
-            example.start_example(kl.api, pod, node, heap)
-            index = 0
-            for r in range(warmup + runs):
-                for method in methods:  # interleaved: the machine's drift hits every method alike
-                    index += 1
-                    row = one(kl, pod, node, method, heap, index)
-                    row["warmup"] = r < warmup
-                    rows.append(row)
-                    with open(out_dir / "k8s.jsonl", "a") as f:
-                        f.write(json.dumps(row) + "\n")
-                    report(f"{heap} MB {method} run {r + 1 - warmup if r >= warmup else 'warm-up'}: {row['phase']} "
-                           f"in {row['total_s']:.2f} s, blackout {row['blackout_s']}")  # fmt: skip
-                    if row["phase"] == "Completed":
-                        pod, node = row["pod"], row["target"]
-            kl.api.delete(f"/api/v1/namespaces/{example.NS}/pods/{pod}")
-            kl.api.delete(f"/api/v1/namespaces/{example.NS}/services/web")
-
-            def torn_down(kubelet: Any = kl.nodes[node].kubelet) -> bool:
-                return not kubelet.workers
-
-            poll(torn_down, 120, "the pod torn down")
-    finally:
-        kl.close()
+    for heap in heaps:
+        _clear(cluster)
+        report(f"{heap} MB: the example pod (kube example)")
+        install.apply_example(cluster, NS, heap)
+        port = int(example.get(cluster, "service", "heapsrv", "-n", NS)["spec"]["ports"][0]["nodePort"])
+        pod, index = "heapsrv", 0
+        for r in range(warmup + runs):
+            for method in methods:  # interleaved: the machine's drift hits every method alike
+                index += 1
+                row = one(cluster, pod, method, heap, index, port)
+                row["warmup"] = r < warmup
+                rows.append(row)
+                with open(out_dir / "k8s.jsonl", "a") as f:
+                    f.write(json.dumps(row) + "\n")
+                which = r + 1 - warmup if r >= warmup else "warm-up"
+                report(f"{heap} MB {method} run {which}: {row['phase']} in {row['total_s']:.2f} s, blackout "
+                       f"{row['blackout_s']} (a client saw {row['client_blackout_s']:.2f} s)")  # fmt: skip
+                pod = row["pod"]
+    _clear(cluster)
     result = summarize(rows)
     (out_dir / "k8s.json").write_text(json.dumps(result, indent=2))
     return result
@@ -137,6 +162,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             table.append({
                 "heap_mb": heap, "method": method, "n": len(sel), "completed": len(done),
                 "blackout_s": stats.describe([r["blackout_s"] or 0.0 for r in done]),
+                "client_blackout_s": stats.describe([r.get("client_blackout_s") or 0.0 for r in done]),
+                "client_went_back": sum(1 for r in done if r.get("client_went_back")),
                 "drift_s": stats.describe([r["drift_s"] or 0.0 for r in done]),
                 "total_s": stats.describe([r["total_s"] for r in done]),
                 "phase_median_s": {p: v for p, v in phases.items() if v is not None},
@@ -150,23 +177,25 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def markdown(k8s: dict[str, Any]) -> list[str]:
     """The report's section: the Kubernetes path, per heap and method, beside the study."""
     lines = [
-        "## The Kubernetes path (real kubelets over containerd 2.1 and CRIU; emulated API server)",
+        "## The Kubernetes path (upstream Kubernetes v1.37, containerd 2.1, CRIU)",
         "",
-        "Blackout: the time the Service selected no ready pod (the operator's cutover record; decoupled "
-        "keeps serving from the source, so 0, with the source's post-checkpoint drift beside it). "
+        "Blackout (record): the time the Service selected no ready pod (the operator's cutover record; "
+        "decoupled keeps serving from the source, so 0, with the source's post-checkpoint drift beside it). "
+        "Client: the longest run of failed probes a client on the LAN saw (50 Hz through the NodePort, a new "
+        "connection per probe, 1 s timeout); went back: runs in which it read an older state. "
         "The study: decoupled 1.064 s at the cutover (a prober through Cilium), stop-copy 1.878 s, "
         "cold 1.019 s, all 256 MB.",
         "",
-        "| heap MB | method | n | done | state kept | blackout median s | drift median s | total median s | "
-        + " | ".join(PHASES)
-        + " |",
-        "|" + "---|" * (8 + len(PHASES)),
+        "| heap MB | method | n | done | state kept | blackout (record) median s | client blackout median s | "
+        "went back | drift median s | total median s | " + " | ".join(PHASES) + " |",
+        "|" + "---|" * (10 + len(PHASES)),
     ]
     for t in k8s["table"]:
         ph = [f"{t['phase_median_s'][p]:.3f}" if p in t["phase_median_s"] else "" for p in PHASES]
         lines.append(
             f"| {t['heap_mb']} | {t['method']} | {t['n']} | {t['completed']} | {t['state_kept']} | "
-            f"{_m(t['blackout_s'])} | {_m(t['drift_s'])} | {_m(t['total_s'])} | " + " | ".join(ph) + " |"
+            f"{_m(t['blackout_s'])} | {_m(t.get('client_blackout_s') or {})} | {t.get('client_went_back', '')} | "
+            f"{_m(t['drift_s'])} | {_m(t['total_s'])} | " + " | ".join(ph) + " |"
         )
     lines.append("")
     return lines

@@ -1,6 +1,6 @@
 """A small Kubernetes REST client: the dozen calls the controller makes, with JSON merge patches only.
 
-Configuration, in order: an explicit ``server`` (tests point it at the kmock emulator), the pod's
+Configuration, in order: an explicit ``server`` (``PODMIGRATE_KUBE_SERVER``, development), the pod's
 service account (in-cluster), then ``$KUBECONFIG`` or ``~/.kube/config`` (token or client
 certificate of the current context). Errors become ``KubeError`` with the API's own status and
 message, so callers can tell a missing object (404) from a conflict (409) or a denial (403).

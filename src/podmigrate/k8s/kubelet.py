@@ -24,8 +24,8 @@ _HINTS = {
     403: "RBAC: the agent's ServiceAccount needs `create` on `nodes/checkpoint`",
     404: "no such pod or container on this node, or the ContainerCheckpoint feature gate is off "
     "(Kubernetes < 1.30 needs --feature-gates=ContainerCheckpoint=true on the kubelet)",
-    500: "the runtime failed to checkpoint: CRI-O needs enable_criu_support = true and CRIU >= 4.2 on the "
-    "node; the kubelet's log has CRIU's dump.log location",
+    500: "the runtime failed to checkpoint: CRIU's dump log on the node says why (its path is in the "
+    "message, or in the kubelet's log); CRI-O also needs enable_criu_support = true and CRIU >= 4.2",
 }
 
 

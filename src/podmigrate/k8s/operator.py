@@ -15,8 +15,7 @@ Run with ``kopf run -m podmigrate.k8s.operator --all-namespaces`` (the Deploymen
   ``PODMIGRATE_AGENT_CHECK_HOSTNAME=0`` accepts any agent certificate of that CA (agents are dialled at
   pod IPs that their certificates cannot name);
 - ``PODMIGRATE_METRICS_PORT`` (default 8080; 0 turns the Prometheus endpoint off);
-- ``PODMIGRATE_KUBE_SERVER``: talk to this API server instead of the in-cluster one (development and
-  the tests, which point it at the kmock emulator).
+- ``PODMIGRATE_KUBE_SERVER``: talk to this API server instead of the in-cluster one (development).
 
 Create and resume share one handler that reads the record from the live object, so an operator that
 died mid-migration resumes where the record says. Deleting a running migration cancels it (the

@@ -76,7 +76,34 @@ def validate(ctx: Ctx) -> None:
         ctx.event("Warning", "NoService", "no Service selects the pod: nothing to switch at cutover")
     _warn_volumes(ctx, pod)
     rec["spec"] = spec  # from here on the spec the migration started with, whatever edits come later
-    ctx.api.patch(k.pods(ctx.ns, spec["podName"]), {"metadata": {"annotations": {LOCK: ctx.name}}})
+    _lock(ctx, pod)
+
+
+def _lock(ctx: Ctx, pod: dict[str, Any], attempts: int = 5) -> None:
+    """The pod's lock, written only over the pod as it was read (its resourceVersion): two
+    PodLiveMigrations validating one pod at once both read it unlocked, and the API server answers
+    the second lock 409 Conflict instead of letting both freeze it. A 409 for any other change (the
+    kubelet's status) is retried on the pod as it is now."""
+    path = k.pods(ctx.ns, ctx.spec["podName"])
+    for _ in range(attempts):
+        version = pod["metadata"].get("resourceVersion")
+        try:
+            ctx.api.patch(path, {"metadata": {"resourceVersion": version, "annotations": {LOCK: ctx.name}}})
+            return
+        except k.KubeError as e:
+            if e.status != 409:
+                raise
+        now = ctx.api.get(path)
+        if now is None:
+            raise SpecError(f"spec.podName: pod {ctx.spec['podName']!r} was deleted while it was validated")
+        holder = (now["metadata"].get("annotations") or {}).get(LOCK)
+        if holder and holder != ctx.name and _active(ctx, holder):
+            raise SpecError(f"pod {ctx.spec['podName']!r} is already being migrated by PodLiveMigration {holder!r}")
+        pod = now
+    raise PodmigrateError(
+        f"pod {ctx.spec['podName']!r} changed under every one of {attempts} attempts to lock it (409 Conflict)",
+        hint="something rewrites the pod continuously; apply the PodLiveMigration again once it settles",
+    )
 
 
 def _registry(ctx: Ctx) -> str:

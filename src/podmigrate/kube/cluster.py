@@ -70,7 +70,8 @@ class KubeCluster:
 
     def running(self, name: str) -> procs.Proc | None:
         p = procs.read_pidfile(self._pidfile(name))
-        return p if p is not None and procs.in_cgroup(p.pid, self.lab.cgroup_path) else None
+        ok = p is not None and procs.running(p) and procs.in_cgroup(p.pid, self.lab.cgroup_path)
+        return p if ok else None
 
     # ------------------------------------------------------------------ processes
     def _argv(self, name: str) -> list[str]:

@@ -11,6 +11,13 @@ Why each piece:
 - ``runc-nocg``: the lab's cgroup2 has no cpu/memory/pids controllers (the host's v1 hierarchies own
   them), but CRI always gives the pause container cpu shares; the wrapper drops the resource limits
   from each bundle before runc sees it. Lab only: a real node has the controllers.
+- ``/etc/criu/containerd.conf`` (``org.criu.config`` on every bundle, set by the same wrapper): CRIU's
+  options for containerd's containers, ``tcp-close`` among them. Without it a client connection open
+  at the instant of the kubelet's checkpoint fails it ("Connected TCP socket, consider using
+  --tcp-established"): a Service under traffic could not be migrated. ``tcp-close`` dumps such
+  connections as closed and restores them closed (the pod's address changes: they could not move
+  anyway); the source keeps its own. A real node sets it in ``/etc/criu/runc.conf``; in the lab that
+  file is the Podman engine's, whose migrations keep TCP connections and rewrite it per migration.
 - the registry at ``localhost:5000`` on every node (``relay`` to the lab's registry): containerd
   2.1's CRI restore pulls the checkpoint's base image through its default resolver, which ignores
   the registry configuration and speaks plain HTTP only to localhost. One reference then works on
@@ -39,6 +46,8 @@ RUNC_NOCG = "/usr/local/sbin/runc-nocg"
 RESTORE_HANDLER = "podmigrate"  # the CRI runtime handler of the RuntimeClass restore path
 RESTORE_RUNC = "/usr/local/sbin/podmigrate-runc"  # runtime.runc_restore, installed as a script
 RESTORE_DIR = "/var/lib/podmigrate/restore"  # where the node agent unpacks verified checkpoints
+CRIU_CONF = "/etc/criu/containerd.conf"  # CRIU's options for containerd's containers (see above)
+CRIU_CONF_EXTRA = "tcp-close\n"  # added to the node's default runc.conf
 KUBELET_DIR = "/var/lib/kubelet"  # the checkpoints the kubelet asks for go to its checkpoints/ subdirectory
 POD_LOGS = "/var/log/pods"
 CNI_CONF_DIR = "/etc/cni/net.d"
@@ -55,6 +64,8 @@ for a in "$@"; do
 done
 if [ -n "$b" ] && [ -f "$b/config.json" ]; then
   f='if .linux.resources then .linux.resources |= del(.cpu,.memory,.pids,.blockIO,.hugepageLimits,.unified) else . end'
+  # CRIU's options for this container's checkpoints and restores: containerd's own, not the engine's
+  f="$f"' | .annotations["org.criu.config"] = "%s"'
   jq -c "$f" "$b/config.json" > "$b/config.json.nocg" && mv "$b/config.json.nocg" "$b/config.json"
 fi
 exec /usr/sbin/runc "$@"
@@ -132,7 +143,7 @@ def install_wrapper(root: Path) -> None:
     """Write runc-nocg and podmigrate-runc into the node image (on every ``lab up``: cheap, never
     forces a rebuild). In the lab the restore handler's runc is runc-nocg, for the same reason."""
     restore = (Path(__file__).parents[1] / "runtime" / "runc_restore.py").read_text()
-    for target, text in ((RUNC_NOCG, RUNC_NOCG_SCRIPT), (RESTORE_RUNC, restore)):
+    for target, text in ((RUNC_NOCG, RUNC_NOCG_SCRIPT.replace("%s", CRIU_CONF)), (RESTORE_RUNC, restore)):
         path = root / target.lstrip("/")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)

@@ -323,6 +323,9 @@ def node_main(name: str) -> None:
     criu_etc.mkdir(parents=True, exist_ok=True)
     (criu_etc / "runc.conf").write_text(open("/etc/criu/runc.conf").read())
     (criu_etc / "runc.conf.default").write_text(open("/etc/criu/runc.conf").read())
+    (criu_etc / Path(containerd.CRIU_CONF).name).write_text(
+        open("/etc/criu/runc.conf").read() + containerd.CRIU_CONF_EXTRA
+    )
     for sub, target in (
         ("criu-etc", "/etc/criu"),
         ("containers", "/var/lib/containers"),
