@@ -25,7 +25,7 @@ from typing import Any
 from podmigrate import layout
 from podmigrate.bench import stats
 from podmigrate.errors import LabError
-from podmigrate.kube import example, install
+from podmigrate.kube import example, install, kubelet
 from podmigrate.kube.cluster import KubeCluster
 from podmigrate.kube.prober import Prober, blackout, went_back
 from podmigrate.lab.cluster import Lab
@@ -117,10 +117,13 @@ def run(
     runs: int,
     warmup: int = 1,
     report: Report = lambda _m: None,
+    plegs: tuple[str, ...] = ("generic",),
 ) -> dict[str, Any]:
-    unknown = sorted(set(methods) - set(METHODS))
+    """``plegs``: the kubelets' PLEG for each round of methods, interleaved (each switch restarts them)."""
+    unknown = sorted(set(methods) - set(METHODS)) + sorted(set(plegs) - set(kubelet.PLEGS))
     if unknown:
-        raise LabError(f"unknown methods {unknown}", hint=f"methods: {', '.join(METHODS)}")
+        raise LabError(f"unknown methods or PLEGs {unknown}",
+                       hint=f"methods: {', '.join(METHODS)}; PLEGs: {', '.join(kubelet.PLEGS)}")  # fmt: skip
     cluster = ready_cluster(lab_name, report)
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
@@ -130,19 +133,21 @@ def run(
         install.apply_example(cluster, NS, heap)
         port = int(example.get(cluster, "service", "heapsrv", "-n", NS)["spec"]["ports"][0]["nodePort"])
         pod, index = "heapsrv", 0
-        for r in range(warmup + runs):
+        for r, pleg in ((r, p) for r in range(warmup + runs) for p in plegs):
+            cluster.set_pleg(pleg, report)
             for method in methods:  # interleaved: the machine's drift hits every method alike
                 index += 1
                 row = one(cluster, pod, method, heap, index, port)
-                row["warmup"] = r < warmup
+                row["warmup"], row["pleg"] = r < warmup, pleg
                 rows.append(row)
                 with open(out_dir / "k8s.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
                 which = r + 1 - warmup if r >= warmup else "warm-up"
-                report(f"{heap} MB {method} run {which}: {row['phase']} in {row['total_s']:.2f} s, blackout "
-                       f"{row['blackout_s']} (a client saw {row['client_blackout_s']:.2f} s)")  # fmt: skip
+                report(f"{heap} MB {method} ({pleg} PLEG) run {which}: {row['phase']} in {row['total_s']:.2f} s, "
+                       f"blackout {row['blackout_s']} (a client saw {row['client_blackout_s']:.2f} s)")  # fmt: skip
                 pod = row["pod"]
     _clear(cluster)
+    cluster.set_pleg("generic", report)
     result = summarize(rows)
     (out_dir / "k8s.json").write_text(json.dumps(result, indent=2))
     return result
@@ -151,26 +156,28 @@ def run(
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     measured = [r for r in rows if not r.get("warmup")]
     table = []
-    for heap in sorted({r["heap_mb"] for r in measured}):
-        for method in METHODS:
-            sel = [r for r in measured if r["heap_mb"] == heap and r["method"] == method]
-            if not sel:
-                continue
-            done = [r for r in sel if r["phase"] == "Completed"]
-            phases = {p: stats.describe([r["phase_s"][p] for r in done if p in r["phase_s"]]).get("median")
-                      for p in PHASES}  # fmt: skip
-            table.append({
-                "heap_mb": heap, "method": method, "n": len(sel), "completed": len(done),
-                "blackout_s": stats.describe([r["blackout_s"] or 0.0 for r in done]),
-                "client_blackout_s": stats.describe([r.get("client_blackout_s") or 0.0 for r in done]),
-                "client_went_back": sum(1 for r in done if r.get("client_went_back")),
-                "drift_s": stats.describe([r["drift_s"] or 0.0 for r in done]),
-                "total_s": stats.describe([r["total_s"] for r in done]),
-                "phase_median_s": {p: v for p, v in phases.items() if v is not None},
-                "state_kept": sum(1 for r in done if r.get("sha256_equal") and r.get("same_process")),
-                "bytes_median": stats.describe([float(r["bytes"] or 0) for r in done]).get("median"),
-                "failures": [r["message"] for r in sel if r["phase"] != "Completed"][:3],
-            })  # fmt: skip
+    plegs = [p for p in kubelet.PLEGS if any(r.get("pleg", "generic") == p for r in measured)]
+    for heap, method, pleg in ((h, m, p) for h in sorted({r["heap_mb"] for r in measured}) for m in METHODS
+                               for p in plegs):  # fmt: skip
+        sel = [r for r in measured
+               if r["heap_mb"] == heap and r["method"] == method and r.get("pleg", "generic") == pleg]  # fmt: skip
+        if not sel:
+            continue
+        done = [r for r in sel if r["phase"] == "Completed"]
+        phases = {p: stats.describe([r["phase_s"][p] for r in done if p in r["phase_s"]]).get("median")
+                  for p in PHASES}  # fmt: skip
+        table.append({
+            "heap_mb": heap, "method": method, "pleg": pleg, "n": len(sel), "completed": len(done),
+            "blackout_s": stats.describe([r["blackout_s"] or 0.0 for r in done]),
+            "client_blackout_s": stats.describe([r.get("client_blackout_s") or 0.0 for r in done]),
+            "client_went_back": sum(1 for r in done if r.get("client_went_back")),
+            "drift_s": stats.describe([r["drift_s"] or 0.0 for r in done]),
+            "total_s": stats.describe([r["total_s"] for r in done]),
+            "phase_median_s": {p: v for p, v in phases.items() if v is not None},
+            "state_kept": sum(1 for r in done if r.get("sha256_equal") and r.get("same_process")),
+            "bytes_median": stats.describe([float(r["bytes"] or 0) for r in done]).get("median"),
+            "failures": [r["message"] for r in sel if r["phase"] != "Completed"][:3],
+        })  # fmt: skip
     return {"created": time.time(), "rows": len(measured), "table": table}
 
 
@@ -186,14 +193,15 @@ def markdown(k8s: dict[str, Any]) -> list[str]:
         "The study: decoupled 1.064 s at the cutover (a prober through Cilium), stop-copy 1.878 s, "
         "cold 1.019 s, all 256 MB.",
         "",
-        "| heap MB | method | n | done | state kept | blackout (record) median s | client blackout median s | "
+        "| heap MB | method | PLEG | n | done | state kept | blackout (record) median s | client blackout median s | "
         "went back | drift median s | total median s | " + " | ".join(PHASES) + " |",
-        "|" + "---|" * (10 + len(PHASES)),
+        "|" + "---|" * (11 + len(PHASES)),
     ]
     for t in k8s["table"]:
         ph = [f"{t['phase_median_s'][p]:.3f}" if p in t["phase_median_s"] else "" for p in PHASES]
         lines.append(
-            f"| {t['heap_mb']} | {t['method']} | {t['n']} | {t['completed']} | {t['state_kept']} | "
+            f"| {t['heap_mb']} | {t['method']} | {t.get('pleg', 'generic')} | {t['n']} | {t['completed']} | "
+            f"{t['state_kept']} | "
             f"{_m(t['blackout_s'])} | {_m(t.get('client_blackout_s') or {})} | {t.get('client_went_back', '')} | "
             f"{_m(t['drift_s'])} | {_m(t['total_s'])} | " + " | ".join(ph) + " |"
         )

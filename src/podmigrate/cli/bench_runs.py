@@ -117,9 +117,18 @@ def bench_faults(ctx: click.Context, heap_mb: int, only: str | None, out_dir: st
     "cold [default: all].",
 )
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(0, 100))
+@click.option(
+    "--pleg",
+    default="generic",
+    show_default=True,
+    help="The kubelets' PLEG per round, comma-separated and interleaved: generic (a relist every second), "
+    "evented (CRI events).",
+)
 @click.option("--lab", "lab_name", default="k8s", show_default=True, help="A lab with containerd nodes (made if down).")
 @click.option("--out", "out_dir", type=click.Path(), default=None, help="[default: results/k8s-TIMESTAMP]")
-def bench_k8s(heaps: str, runs: int, methods: str | None, warmup: int, lab_name: str, out_dir: str | None) -> None:
+def bench_k8s(
+    heaps: str, runs: int, methods: str | None, warmup: int, pleg: str, lab_name: str, out_dir: str | None
+) -> None:
     """The Kubernetes path: PodLiveMigrations on upstream Kubernetes in the lab (made if down), N per
     heap and method (cri and runtimeclass restore), interleaved, each probed from the LAN at 50 Hz;
     then the report with its phase breakdown."""
@@ -132,12 +141,13 @@ def bench_k8s(heaps: str, runs: int, methods: str | None, warmup: int, lab_name:
     heap_list = [int(h) for h in heaps.split(",") if h]
     with status("Kubernetes path") as rep:
         chosen = [m for m in methods.split(",") if m] if methods else list(k8s.METHODS)
-        result = k8s.run(lab_name, out_path, heap_list, chosen, runs, warmup, rep)
+        plegs = tuple(p for p in pleg.split(",") if p)
+        result = k8s.run(lab_name, out_path, heap_list, chosen, runs, warmup, rep, plegs)
     report.build(out_path)
-    t = Table("heap MB", "method", "n", "kept", "blackout s", "client s", "drift s", "total s", *k8s.PHASES)
+    t = Table("heap MB", "method", "PLEG", "n", "kept", "blackout s", "client s", "drift s", "total s", *k8s.PHASES)
     for row in result["table"]:
         med = [f"{row['phase_median_s'][p]:.3f}" if p in row["phase_median_s"] else "" for p in k8s.PHASES]
-        t.add_row(str(row["heap_mb"]), row["method"], str(row["n"]), str(row["state_kept"]),
+        t.add_row(str(row["heap_mb"]), row["method"], row.get("pleg", "generic"), str(row["n"]), str(row["state_kept"]),
                   *(f"{row[x]['median']:.3f}" if row[x].get("n") else ""
                     for x in ("blackout_s", "client_blackout_s", "drift_s", "total_s")),
                   *med)  # fmt: skip

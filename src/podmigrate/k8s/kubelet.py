@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import ssl
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -45,7 +46,22 @@ class KubeletClient:
         else:
             self.ctx = None
 
+    # a kubelet just restarted answers 404 "pod does not exist" until it has taken in its pods from the
+    # API server (seconds); the operator validated that the pod runs on this node, so this is waited out
+    SETTLE_S = 30.0
+
     def checkpoint(self, namespace: str, pod: str, container: str, timeout: int = 120) -> Path:
+        deadline = time.monotonic() + self.SETTLE_S
+        while True:
+            try:
+                return self._checkpoint(namespace, pod, container, timeout)
+            except RuntimeBackendError as e:
+                settling = e.details.get("status") == 404 and "pod does not exist" in str(e)
+                if not settling or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
+
+    def _checkpoint(self, namespace: str, pod: str, container: str, timeout: int) -> Path:
         url = f"{self.url}/checkpoint/{namespace}/{pod}/{container}?timeout={timeout}"
         token = self._token.read_text().strip() if isinstance(self._token, Path) else self._token
         req = urllib.request.Request(url, method="POST", headers={"Authorization": f"Bearer {token}"})

@@ -13,6 +13,7 @@ lives in ``<lab>/kube``: binaries (hard links to the build cache), pki, etcd's d
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import json
 import os
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from podmigrate import layout, procs
-from podmigrate.errors import LabError
+from podmigrate.errors import LabError, UsageError
 from podmigrate.kube import build, certs, kubelet
 from podmigrate.kube.certs import Paths
 from podmigrate.lab.cluster import Lab
@@ -157,10 +158,25 @@ class KubeCluster:
             time.sleep(0.2)
 
     def _curl(self, url: str, file: str = "admin") -> bool:
+        return self._read(url, file) is not None
+
+    def _read(self, url: str, file: str = "admin") -> str | None:
+        """``url``'s body with ``file``'s identity, from the LAN; None when it does not answer 2xx."""
         ident = certs.identity(self.paths, file)
-        argv = ["curl", "-sf", "-o", "/dev/null", "--max-time", "2", "--cacert", self.paths.inside(ident.ca),
+        argv = ["curl", "-sf", "--max-time", "2", "--cacert", self.paths.inside(ident.ca),
                 "--cert", self.paths.inside(ident.cert), "--key", self.paths.inside(ident.key), url]  # fmt: skip
-        return self.lab.run("lan", argv, check=False).returncode == 0
+        p = self.lab.run("lan", argv, check=False)
+        return p.stdout if p.returncode == 0 else None
+
+    def _kubelet_knows_its_pods(self, node: str) -> bool:
+        """Whether the kubelet on ``node`` has taken in every pod the API binds to it: until then a
+        restarted kubelet answers its checkpoint endpoint 404 "pod does not exist"."""
+        body = self._read(f"https://{layout.node_ip(node)}:{kubelet.PORT}/pods", "apiserver-kubelet-client")
+        if body is None:
+            return False
+        known = {p["metadata"]["uid"] for p in json.loads(body).get("items") or []}
+        bound = self.kubectl(["get", "pods", "-A", "--field-selector", f"spec.nodeName={node}", "-o", "json"])
+        return {p["metadata"]["uid"] for p in json.loads(bound.stdout)["items"]} <= known
 
     # ------------------------------------------------------------------ up, down, status
     def up(self, report: Report = lambda _m: None) -> dict[str, Any]:
@@ -207,7 +223,7 @@ class KubeCluster:
         if self.running(name) is None:
             report(f"starting the kubelet on {node}")
             conf = certs.kubeconfig(self.paths, name, f"system:node:{node}")
-            kubelet.write_config(self.paths, node)
+            kubelet.write_config(self.paths, node, self.pleg())
             self.lab.run(node, ["sh", "-c", kubelet.shadow_script()])
             self._start(name, node, kubelet.argv(self.paths, node, conf))
         # the node registers NotReady (no pod network yet) and the controller-manager gives it a
@@ -223,6 +239,26 @@ class KubeCluster:
         self._wait(proxy, lambda: self.lab.run(node, ["curl", "-sf", "-o", "/dev/null", "--max-time", "2",
                                                       "http://127.0.0.1:10256/healthz"], check=False).returncode == 0,
                    60)  # fmt: skip
+
+    def pleg(self) -> str:
+        """How the kubelets learn of container changes: ``generic`` (a relist every second) or ``evented``."""
+        f = self.paths.host / "pleg"
+        return f.read_text().strip() if f.exists() else "generic"
+
+    def set_pleg(self, pleg: str, report: Report = lambda _m: None) -> None:
+        """Every kubelet restarted with ``pleg`` (no pod is stopped: the runtime keeps them running)."""
+        if pleg not in kubelet.PLEGS:
+            raise UsageError(f"no PLEG named {pleg!r}", hint=f"choose one of: {', '.join(kubelet.PLEGS)}")
+        if pleg == self.pleg() and all(self.running(f"kubelet-{n}") for n in self.lab.nodes):
+            return
+        (self.paths.host / "pleg").write_text(pleg + "\n")
+        for node in self.lab.nodes:
+            p = self.running(f"kubelet-{node}")
+            if p is not None:
+                report(f"restarting the kubelet on {node} with the {pleg} PLEG")
+                procs.stop(p, self.lab.cgroup_path)
+            self._kubelet(node, report)
+            self._wait(f"kubelet-{node}", functools.partial(self._kubelet_knows_its_pods, node), 120)
 
     def pod_cidr(self, node: str) -> str:
         p = self.kubectl(["get", "node", node, "-o", "jsonpath={.spec.podCIDR}"], check=False)

@@ -37,7 +37,10 @@ KERNEL_DEFAULTS = {
 PORT = 10250
 
 
-def config(paths: Paths, node: str) -> dict[str, Any]:
+PLEGS = ("generic", "evented")  # the kubelet's relist every second, or the runtime's CRI events
+
+
+def config(paths: Paths, node: str, pleg: str = "generic") -> dict[str, Any]:
     pki = f"{paths.lab}/pki"
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
@@ -58,7 +61,7 @@ def config(paths: Paths, node: str) -> dict[str, Any]:
         "enforceNodeAllocatable": [],
         "failSwapOn": False,
         "containerRuntimeEndpoint": f"unix://{containerd.socket_path(node)}",
-        "featureGates": {"ContainerCheckpoint": True},
+        "featureGates": {"ContainerCheckpoint": True, "EventedPLEG": pleg == "evented"},
         "protectKernelDefaults": False,
         "localStorageCapacityIsolation": False,
         "evictionHard": {"memory.available": "100Mi"},  # no disk thresholds: the lab's nodes share one disk
@@ -69,11 +72,11 @@ def config(paths: Paths, node: str) -> dict[str, Any]:
     }
 
 
-def write_config(paths: Paths, node: str) -> Path:
+def write_config(paths: Paths, node: str, pleg: str = "generic") -> Path:
     d = paths.host / "nodes" / node
     d.mkdir(parents=True, exist_ok=True)
     path = d / "kubelet.json"
-    path.write_text(json.dumps(config(paths, node), indent=2) + "\n")
+    path.write_text(json.dumps(config(paths, node, pleg), indent=2) + "\n")
     return path
 
 

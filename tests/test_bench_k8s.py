@@ -1,0 +1,39 @@
+"""``bench k8s``'s bookkeeping without a cluster: rows grouped per heap, method and PLEG, the client's
+blackout beside the record's, and bad methods or PLEGs refused before anything starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podmigrate.bench import k8s
+from podmigrate.errors import LabError
+
+
+def row(method: str, pleg: str, blackout: float, client: float, warmup: bool = False) -> dict[str, Any]:
+    return {"heap_mb": 64, "method": method, "pleg": pleg, "phase": "Completed", "warmup": warmup,
+            "blackout_s": blackout, "client_blackout_s": client, "client_went_back": 0, "drift_s": 0.0,
+            "total_s": client + 1, "phase_s": {"restore": blackout / 2}, "bytes": 1, "message": "",
+            "sha256_equal": True, "same_process": True}  # fmt: skip
+
+
+def test_rows_are_grouped_per_pleg_and_the_client_blackout_is_kept_beside_the_record() -> None:
+    sc = "stop-copy/cri"
+    rows = [row(sc, "generic", 5.0, 6.0), row(sc, "generic", 7.0, 8.0), row(sc, "evented", 3.0, 4.0),
+            row(sc, "evented", 99.0, 99.0, warmup=True)]  # fmt: skip
+    table = k8s.summarize(rows)["table"]
+    got = {t["pleg"]: (t["n"], t["blackout_s"]["median"], t["client_blackout_s"]["median"]) for t in table}
+    assert got == {"generic": (2, 6.0, 7.0), "evented": (1, 3.0, 4.0)}  # the warm-up is not counted
+    text = "\n".join(k8s.markdown({"table": table}))
+    assert "| 64 | stop-copy/cri | evented | 1 | 1 | 1 | 3.000 | 4.000 |" in text
+
+
+@pytest.mark.parametrize(("methods", "plegs"), [(["warp/cri"], ("generic",)), (["cold"], ("magic",))])
+def test_an_unknown_method_or_pleg_is_refused_before_any_lab_starts(
+    tmp_path: Path, methods: list[str], plegs: tuple[str, ...]
+) -> None:
+    with pytest.raises(LabError, match="unknown methods or PLEGs"):
+        k8s.run("no-such-lab-here", tmp_path, [64], methods, 1, 0, plegs=plegs)
+    assert not any(tmp_path.iterdir())
