@@ -152,8 +152,7 @@ def run_kubernetes(lab_name: str, heap_mb: int, out_dir: Path, report: Report = 
     lab = cluster.lab
     out_dir.mkdir(parents=True, exist_ok=True)
     ns = "default"
-    cluster.kubectl(["delete", "plm", "--all", "-n", ns, "--wait=true"], check=False)
-    cluster.kubectl(["delete", "pods", "-l", "app=heapsrv", "-n", ns, "--grace-period=1", "--wait=true"], check=False)
+    install.remove_example(cluster, ns)
     report(f"applying the example: pod heapsrv ({heap_mb} MB heap + sidecar), its Service and budget")
     install.apply_example(cluster, ns, heap_mb)
     here = example.ready_pod(cluster, ns, "heapsrv", 300 + heap_mb / 4)

@@ -28,13 +28,19 @@ class Proc:
         return f"{self.pid} {self.start}"
 
 
-def start_time(pid: int) -> int | None:
+def _stat(pid: int) -> list[str] | None:
+    """``/proc/PID/stat`` from field 3 (the state) on, or None when there is no such process."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # the command name (field 2) may hold spaces and parentheses: count from its closing one
-    return int(stat.rsplit(")", 1)[1].split()[19])
+    return stat.rsplit(")", 1)[1].split()
+
+
+def start_time(pid: int) -> int | None:
+    fields = _stat(pid)
+    return None if fields is None else int(fields[19])
 
 
 def identify(pid: int) -> Proc | None:
@@ -51,12 +57,8 @@ def alive(p: Proc) -> bool:
 def running(p: Proc) -> bool:
     """Whether ``p`` runs: alive and not a zombie (one that exited, whose parent has not reaped it yet;
     a service whose parent is gone waits on init's reaping)."""
-    try:
-        stat = Path(f"/proc/{p.pid}/stat").read_text()
-    except OSError:
-        return False
-    fields = stat.rsplit(")", 1)[1].split()
-    return int(fields[19]) == p.start and fields[0] not in ("Z", "X")
+    fields = _stat(p.pid)
+    return fields is not None and int(fields[19]) == p.start and fields[0] not in ("Z", "X")
 
 
 def parse(text: str) -> Proc | None:

@@ -59,12 +59,6 @@ def ready_cluster(lab_name: str, report: Report) -> KubeCluster:
     return cluster
 
 
-def _clear(cluster: KubeCluster) -> None:
-    cluster.kubectl(["delete", "plm", "--all", "-n", NS, "--wait=true"], check=False)
-    gone = ["delete", "pods", "-l", "app=heapsrv", "-n", NS, "--grace-period=1", "--wait=true", "--timeout=300s"]
-    cluster.kubectl(gone, check=False, timeout=330)
-
-
 def one(cluster: KubeCluster, pod: str, method: str, heap_mb: int, index: int, port: int) -> dict[str, Any]:
     """Move ``pod`` to the other node with ``method``, probed from the LAN; the row, and the pod that
     serves after it in ``row['pod']``."""
@@ -128,7 +122,7 @@ def run(
     out_dir.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
     for heap in heaps:
-        _clear(cluster)
+        install.remove_example(cluster, NS)
         report(f"{heap} MB: the example pod (kube example)")
         install.apply_example(cluster, NS, heap)
         port = int(example.get(cluster, "service", "heapsrv", "-n", NS)["spec"]["ports"][0]["nodePort"])
@@ -146,7 +140,7 @@ def run(
                 report(f"{heap} MB {method} ({pleg} PLEG) run {which}: {row['phase']} in {row['total_s']:.2f} s, "
                        f"blackout {row['blackout_s']} (a client saw {row['client_blackout_s']:.2f} s)")  # fmt: skip
                 pod = row["pod"]
-    _clear(cluster)
+    install.remove_example(cluster, NS)
     cluster.set_pleg("generic", report)
     result = summarize(rows)
     (out_dir / "k8s.json").write_text(json.dumps(result, indent=2))

@@ -25,9 +25,7 @@ def validate(ctx: Ctx) -> None:
     if pod is None:
         raise SpecError(f"spec.podName: there is no pod {spec['podName']!r} in namespace {ctx.ns!r}")
     meta = pod["metadata"]
-    holder = (meta.get("annotations") or {}).get(LOCK)
-    if holder and holder != ctx.name and _active(ctx, holder):
-        raise SpecError(f"pod {spec['podName']!r} is already being migrated by PodLiveMigration {holder!r}")
+    _not_held(ctx, pod)
     for owner in meta.get("ownerReferences") or []:
         if owner.get("controller"):
             raise SpecError(
@@ -96,9 +94,7 @@ def _lock(ctx: Ctx, pod: dict[str, Any], attempts: int = 5) -> None:
         now = ctx.api.get(path)
         if now is None:
             raise SpecError(f"spec.podName: pod {ctx.spec['podName']!r} was deleted while it was validated")
-        holder = (now["metadata"].get("annotations") or {}).get(LOCK)
-        if holder and holder != ctx.name and _active(ctx, holder):
-            raise SpecError(f"pod {ctx.spec['podName']!r} is already being migrated by PodLiveMigration {holder!r}")
+        _not_held(ctx, now)
         pod = now
     raise PodmigrateError(
         f"pod {ctx.spec['podName']!r} changed under every one of {attempts} attempts to lock it (409 Conflict)",
@@ -161,6 +157,13 @@ def _warn_volumes(ctx: Ctx, pod: dict[str, Any]) -> None:
         else:
             continue
         ctx.event("Warning", "Volume", f"volume {v['name']!r}: {what}")
+
+
+def _not_held(ctx: Ctx, pod: dict[str, Any]) -> None:
+    """Refused when another PodLiveMigration that has not ended holds the pod's lock."""
+    holder = (pod["metadata"].get("annotations") or {}).get(LOCK)
+    if holder and holder != ctx.name and _active(ctx, holder):
+        raise SpecError(f"pod {ctx.spec['podName']!r} is already being migrated by PodLiveMigration {holder!r}")
 
 
 def _active(ctx: Ctx, other: str) -> bool:

@@ -175,8 +175,8 @@ class KubeCluster:
         if body is None:
             return False
         known = {p["metadata"]["uid"] for p in json.loads(body).get("items") or []}
-        bound = self.kubectl(["get", "pods", "-A", "--field-selector", f"spec.nodeName={node}", "-o", "json"])
-        return {p["metadata"]["uid"] for p in json.loads(bound.stdout)["items"]} <= known
+        bound = self.kubectl(["get", "pods", "-A", "--field-selector", f"spec.nodeName={node}", "-o", "json"], False)
+        return bound.returncode == 0 and {p["metadata"]["uid"] for p in json.loads(bound.stdout)["items"]} <= known
 
     # ------------------------------------------------------------------ up, down, status
     def up(self, report: Report = lambda _m: None) -> dict[str, Any]:

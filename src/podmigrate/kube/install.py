@@ -124,3 +124,10 @@ def apply_example(cluster: KubeCluster, namespace: str = "default", heap_mb: int
     items = example_manifests(cluster, heap_mb)
     cluster.kubectl(["-n", namespace, "apply", "-f", "-"],
                     input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))  # fmt: skip
+
+
+def remove_example(cluster: KubeCluster, namespace: str = "default") -> None:
+    """Every PodLiveMigration of ``namespace`` and the example's pods gone (its Service and budget stay)."""
+    cluster.kubectl(["delete", "plm", "--all", "-n", namespace, "--wait=true"], check=False)
+    gone = ["delete", "pods", "-l", "app=heapsrv", "-n", namespace, "--grace-period=1", "--wait=true", "--timeout=300s"]
+    cluster.kubectl(gone, check=False, timeout=330)
