@@ -157,10 +157,15 @@ def test_pods_get_their_nodes_pod_network_and_cannot_open_connections_into_the_l
     cidr = kube.kubectl(["get", "node", "node-b", "-o", "jsonpath={.spec.podCIDR}"]).stdout.strip()
     ip = got["status"]["podIP"]
     assert ipaddress.ip_address(ip) in ipaddress.ip_network(cidr)
-    # reached from the LAN through the route to its node
-    code = kube.lab.run("lan", ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
-                                f"http://{ip}:8000/healthz"], check=False).stdout  # fmt: skip
-    assert code == "200"
+
+    # reached from the LAN through the route to its node; Ready (no readiness probe) only says the
+    # container started, not that its server listens yet
+    def healthz() -> str | None:
+        code = kube.lab.run("lan", ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "5",
+                                    f"http://{ip}:8000/healthz"], check=False).stdout  # fmt: skip
+        return code if code == "200" else None
+
+    wait_for(healthz, 60, f"the pod's server at {ip}:8000 to answer the LAN")
     # and, like any workload, it cannot open a connection to its node's agent (the nodes' guard)
     probe = "import socket; socket.create_connection(('" + layout.node_ip("node-b") + "', 7070), 3); print('open')"
     p = kube.kubectl(["exec", "netpod", "-n", "default", "--", "python3", "-c", probe], check=False)

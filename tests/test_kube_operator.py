@@ -112,8 +112,13 @@ def test_the_example_moves_with_its_heap_through_the_runtimes_restore(
 
     wait_for(lambda: endpoints() == [pod["status"]["podIP"]], 30, "the Service's endpoints to be the copy alone")
     ip = get(cluster, "service", "heapsrv", "-n", NS)["spec"]["clusterIP"]
-    p = cluster.lab.run(source, ["curl", "-s", "--max-time", "5", f"http://{ip}/state"], check=False)
-    assert json.loads(p.stdout)["sha256"] == before["sha256"]
+
+    def through_cluster_ip() -> dict[str, Any] | None:
+        # the endpoints are the copy's; the source's kube-proxy programs them a moment later
+        p = cluster.lab.run(source, ["curl", "-s", "--max-time", "5", f"http://{ip}/state"], check=False)
+        return dict(json.loads(p.stdout)) if p.returncode == 0 and p.stdout.startswith("{") else None
+
+    assert wait_for(through_cluster_ip, 30, "the cluster IP to answer on the source")["sha256"] == before["sha256"]
     # every status field the operator wrote was kept by the API server (the CRD's schema declares it)
     assert set(st) <= set(STATUS_SCHEMA["properties"]) and {"phaseTimings", "checkpointImages", "record"} <= set(st)
     assert leftovers(cluster) == {n: [] for n in cluster.lab.nodes}
