@@ -199,3 +199,28 @@ def test_kube_proxy_programs_a_services_cluster_ip_in_nftables_and_leaves_conntr
     assert Path("/proc/sys/net/netfilter/nf_conntrack_max").read_text() == conntrack_max
     kube.kubectl(["delete", "service", "svcpod", "-n", "default"])
     kube.kubectl(["delete", "pod", "svcpod", "-n", "default", "--wait=true"])
+
+
+def test_a_podman_container_beside_a_pod_does_not_keep_the_pod_from_going(kube: KubeCluster) -> None:
+    """Podman makes /run/netns a shared mount of itself on first use; over the node's containerd pod
+    namespaces already mounted there, it hid them and containerd could not remove them: the pod hung
+    in Terminating. The node holder makes that mount before containerd starts."""
+    from podmigrate.workload import manage
+
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "beside", "namespace": "default"},
+           "spec": {"nodeName": "node-a", "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "heap", "image": workload_image().replace(layout.REGISTRY, NODE_REGISTRY),
+                                    "env": [{"name": "HEAP_MB", "value": "8"}]}]}}  # fmt: skip
+    kube.kubectl(["apply", "-f", "-"], input=json.dumps(pod))
+    kube.kubectl(["wait", "--for", "condition=Ready", "pod/beside", "-n", "default", "--timeout=120s"])
+    manage.start(kube.lab, "besidepod", "node-a", 8)  # a Podman container, its netns under /run/netns too
+    try:
+        kube.kubectl(["delete", "pod", "beside", "-n", "default", "--wait=false"])
+
+        def gone() -> bool:
+            p = kube.kubectl(["get", "pod", "beside", "-n", "default"], check=False)
+            return p.returncode != 0 and "NotFound" in p.stderr
+
+        wait_for(gone, 60, "the pod beside a Podman container to be deleted")
+    finally:
+        manage.stop(kube.lab, "besidepod")

@@ -312,6 +312,12 @@ def node_main(name: str) -> None:
     """Runs in the node's fresh mount + cgroup namespaces (and its network namespace)."""
     base = STATE / "nodes" / name
     sh("mount", "-t", "tmpfs", "-o", "mode=755", "tmpfs", "/run")
+    # /run/netns a shared mount of itself before containerd puts pod namespaces in it: Podman and
+    # `ip netns` make it one on first use when it is not, and that bind would cover the namespaces
+    # mounted there before it, which containerd then cannot remove (its pods hang in Terminating)
+    os.makedirs("/run/netns", exist_ok=True)
+    sh("mount", "--bind", "/run/netns", "/run/netns")
+    sh("mount", "--make-shared", "/run/netns")
     sh("mount", "-t", "tmpfs", "tmpfs", "/tmp")
     sh("umount", "-l", "/sys/fs/cgroup")
     sh("mount", "-t", "cgroup2", "none", "/sys/fs/cgroup")  # shows only this node's subtree
