@@ -37,3 +37,22 @@ def test_an_unknown_method_or_pleg_is_refused_before_any_lab_starts(
     with pytest.raises(LabError, match="unknown methods or PLEGs"):
         k8s.run("no-such-lab-here", tmp_path, [64], methods, 1, 0, plegs=plegs)
     assert not any(tmp_path.iterdir())
+
+
+def test_each_target_is_a_ratio_of_medians_in_one_run_and_a_missing_side_never_holds() -> None:
+    rows = [row("stream", "generic", 1.0, 1.2), row("stream", "generic", 1.0, 1.4),
+            row("engine stop-copy/stream", "generic", 0.5, 0.6), row("cold", "generic", 3.0, 4.0),
+            row("stop-copy/cri", "generic", 7.0, 8.0)]  # fmt: skip
+    rows += [{**row("decoupled/cri", "generic", 0.0, 1.8), "mode": "decoupled", "cutover_failed_probes": 0}] * 9
+    rows.append({**row("decoupled/cri", "generic", 0.0, 1.8), "mode": "decoupled", "cutover_failed_probes": 2})
+    got = {(t["target"], t["heap_mb"]): t for t in k8s.summarize(rows)["targets"]}
+    stream = got[("Kubernetes stream <= 1.5x the engine's stop-copy/stream", 64)]
+    assert (stream["ratio"], stream["holds"]) == (round(1.3 / 0.6, 3), False)
+    assert got[("stream <= 1.5x the Kubernetes cold restart", 64)]["holds"]  # 1.3 / 4.0
+    assert not got[("stop-copy/cri <= 1.5x the Kubernetes cold restart", 64)]["holds"]  # 8.0 / 4.0
+    lazy = got[("lazy <= 1.5x the Kubernetes cold restart", 64)]
+    assert not lazy["holds"] and lazy["missing"] == ["lazy: not measured at 64 MB in this run"]
+    decoupled = got[("decoupled: no failed probe at the cutover in 10 runs", None)]
+    assert (decoupled["runs"], decoupled["runs_with_failed_probes"], decoupled["holds"]) == (10, 1, False)
+    text = "\n".join(k8s.markdown(k8s.summarize(rows)))
+    assert "| Kubernetes stream <= 1.5x the engine's stop-copy/stream | 64 | 1.300 | 0.600 | 2.17 | 1.5 | NO |" in text

@@ -114,7 +114,8 @@ def bench_faults(ctx: click.Context, heap_mb: int, only: str | None, out_dir: st
     "--methods",
     default=None,
     help="Comma-separated subset of decoupled/cri, decoupled/runtimeclass, stop-copy/cri, stop-copy/runtimeclass, "
-    "cold [default: all].",
+    "cold, and the lab engine's same modes on the same nodes: 'engine stop-copy/stream', 'engine lazy', "
+    "'engine cold' [default: all].",
 )
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(0, 100))
 @click.option(
@@ -152,4 +153,12 @@ def bench_k8s(
                     for x in ("blackout_s", "client_blackout_s", "drift_s", "total_s")),
                   *med)  # fmt: skip
     out.print(t)
+    targets = Table("target", "heap MB", "ratio", "limit", "holds")
+    for g in result["targets"]:
+        got = (f"{g['ratio']:.2f}" if g.get("ratio") is not None else "; ".join(g["missing"])) if "ratio" in g \
+            else f"{g['runs_with_failed_probes']} of {g['runs']} runs failed a probe at the cutover"  # fmt: skip
+        targets.add_row(
+            g["target"], str(g["heap_mb"] or "all"), got, str(g.get("limit", "")), "yes" if g["holds"] else "NO"
+        )
+    out.print(targets)
     err.print(f"results and report: {out_path}/ (report.md, k8s.json, k8s.jsonl, k8s-phases.png)")

@@ -27,6 +27,9 @@ class Config:
     agent_token: str = ""
     agent_port: int = 7070
     poll_s: float = 0.5
+    # while the Service has no ready pod (isolate's wait, the copy becoming Ready): every poll interval
+    # there is blackout a client sees, so these few seconds poll the API server 20 times a second
+    blackout_poll_s: float = 0.05
     allowed_registries: tuple[str, ...] = ()  # empty: only ``registry``
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     # mutual TLS to the agents: the CA that signed their certificates, and the operator's own
@@ -97,21 +100,33 @@ class Agents:
     def call(self, node: str, path: str, body: dict[str, Any], timeout: float = 900.0) -> Any:
         return self._client(node, timeout).post(path, body)
 
+    def call_apart(self, node: str, url: str, path: str, body: dict[str, Any], timeout: float = 900.0) -> Any:
+        """``call`` on a connection of its own, to the agent at ``url`` (``url(node)``, found beforehand):
+        for calls made at the same time from several threads, which share no connection or API read."""
+        client = self._new(node, url, timeout)
+        try:
+            return client.post(path, body)
+        finally:
+            client.close()
+
     def _client(self, node: str, timeout: float) -> AgentClient:
         url = self.url(node)
         if url not in self.clients:
-            if self._tls is None:
-                self._tls = self.config.agent_tls()  # one context (and one read of the key) for all agents
-            self.clients[url] = AgentClient(
-                node,
-                None,
-                self.config.agent_token,
-                timeout,
-                base_url=url,
-                tls=self._tls,
-                unreachable_hint="is the agent pod running? kubectl -n podmigrate-system get pods -o wide",
-            )
+            self.clients[url] = self._new(node, url, timeout)
         return self.clients[url]
+
+    def _new(self, node: str, url: str, timeout: float) -> AgentClient:
+        if self._tls is None:
+            self._tls = self.config.agent_tls()  # one context (and one read of the key) for all agents
+        return AgentClient(
+            node,
+            None,
+            self.config.agent_token,
+            timeout,
+            base_url=url,
+            tls=self._tls,
+            unreachable_hint="is the agent pod running? kubectl -n podmigrate-system get pods -o wide",
+        )
 
     def close(self) -> None:
         for c in self.clients.values():

@@ -108,7 +108,7 @@ def wait_ready(ctx: Ctx, name: str, timeout: float, cancellable: bool = True) ->
             last = waiting.get("reason") or last
         if cancellable:
             ctx.check_cancelled()
-        time.sleep(ctx.config.poll_s)
+        time.sleep(ctx.config.blackout_poll_s)
     raise PodmigrateError(
         f"pod {name} not ready after {timeout:.0f} s" + (f" (last: {last})" if last else ""),
         hint="raise spec.timeouts.restoreSeconds for big heaps, or check the target node",

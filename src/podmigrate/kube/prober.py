@@ -18,12 +18,13 @@ from podmigrate.lab.host import join
 
 # runs in the LAN's namespaces (the lab's python3): standard library only; stops when stdin closes
 _SCRIPT = r"""
-import json, select, socket, sys, time
+import json, select, socket, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
 host, port, path, interval, limit = sys.argv[1], int(sys.argv[2]), sys.argv[3], float(sys.argv[4]), float(sys.argv[5])
 request = f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode()
-due = time.monotonic()
-while not select.select([sys.stdin], [], [], max(0.0, due - time.monotonic()))[0]:
-    t0, m0 = time.time(), time.monotonic()
+out_lock = threading.Lock()
+
+def probe(t0, m0):
     out = {"t": t0}
     try:
         with socket.create_connection((host, port), timeout=limit) as s:
@@ -42,8 +43,16 @@ while not select.select([sys.stdin], [], [], max(0.0, due - time.monotonic()))[0
     except Exception as e:
         out.update(ok=False, error=type(e).__name__)
     out["dt"] = time.monotonic() - m0
-    print(json.dumps(out), flush=True)
-    due = max(due + interval, time.monotonic())  # a slow probe delays the next, it makes no burst
+    with out_lock:
+        print(json.dumps(out), flush=True)
+
+# a hanging probe (a dropped SYN waits out its timeout) must not delay the next: a pool, as the engine's prober
+pool = ThreadPoolExecutor(max_workers=int(2 * limit / interval) + 4)
+due = time.monotonic()
+while not select.select([sys.stdin], [], [], max(0.0, due - time.monotonic()))[0]:
+    pool.submit(probe, time.time(), time.monotonic())
+    due = max(due + interval, time.monotonic())
+pool.shutdown(wait=True)
 """
 
 
@@ -96,12 +105,12 @@ class Prober:
 
 
 def blackout(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """The longest run of failed probes between two answers: from the last answer before it to the
-    first after it (seconds), and how many probes failed in it."""
+    """The longest run of failed probes between two answers, in the order they were sent: from the
+    last answer before it to the first after it (seconds), and how many probes failed in it."""
     best: dict[str, Any] = {"seconds": 0.0, "failed": 0, "from": None, "to": None}
     last_ok: dict[str, Any] | None = None
     failed = 0
-    for s in samples:
+    for s in sorted(samples, key=lambda s: float(s["t"])):
         if not s["ok"]:
             failed += 1
             continue
@@ -117,7 +126,7 @@ def went_back(samples: list[dict[str, Any]], key: str = "counter") -> list[tuple
     """Each time an answer's ``key`` was below the highest answered before it: (time, highest, then)."""
     out: list[tuple[float, int, int]] = []
     top: int | None = None
-    for s in samples:
+    for s in sorted(samples, key=lambda s: float(s["t"])):
         if not s["ok"] or key not in s:
             continue
         if top is not None and s[key] < top:
