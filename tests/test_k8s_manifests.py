@@ -100,7 +100,7 @@ def test_the_example_migration_is_valid_for_the_crd(tools: Path) -> None:
         ({"podName": "Web_1"}, "does not match"),
         ({"podName": "web", "timeouts": {"restoreSeconds": 0}}, "less than the minimum of 1"),
         ({"podName": "web", "compression": "lz4"}, "'lz4' is not one of"),
-        ({"podName": "web", "transport": "stream"}, "'stream' is not one of"),
+        ({"podName": "web", "transport": "lazy"}, "'lazy' is not one of"),
     ],
 )
 def test_the_schema_rejects_bad_specs_as_the_api_server_would(spec: dict[str, Any], message: str) -> None:
@@ -115,6 +115,9 @@ def test_spec_rules_the_schema_cannot_express() -> None:
         crd.validate_spec({"podName": "web", "containers": ["a", "a"]})
     with pytest.raises(crd.SpecError, match="cold restart checkpoints nothing"):
         crd.validate_spec({"podName": "web", "mode": "cold", "containers": ["a"]})
+    with pytest.raises(crd.SpecError, match="restored by the podmigrate RuntimeClass, not by CRI"):
+        crd.validate_spec({"podName": "web", "transport": "stream", "restorePath": "cri"})
+    assert crd.validate_spec({"podName": "web", "transport": "stream"})["restorePath"] == "auto"
     assert crd.validate_spec({"podName": "web"})["timeouts"] == {"checkpointSeconds": 120, "restoreSeconds": 300}
 
 

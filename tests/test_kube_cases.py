@@ -58,6 +58,9 @@ def test_bad_specs_are_refused_by_the_api_server_or_fail_naming_the_field(
         "tainted": ({"targetNode": other(cluster, here)}, "does not tolerate its taint gpu:NoSchedule"),
         "foreign-registry": ({"registry": "evil.example:5000/loot"},
                              "spec.registry 'evil.example:5000/loot' is not in the allowed registries"),
+        "stream-cri": ({"transport": "stream", "restorePath": "cri"},
+                       "spec.restorePath: a streamed checkpoint is restored by the podmigrate RuntimeClass"),
+        "stream-cold": ({"transport": "stream", "mode": "cold"}, "spec.transport: a cold restart moves no checkpoint"),
     }  # fmt: skip
     for name, (spec, _) in cases.items():
         migrate(cluster, plm(name, spec))

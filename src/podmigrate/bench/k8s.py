@@ -16,6 +16,7 @@ renders ``k8s.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable
@@ -23,17 +24,21 @@ from pathlib import Path
 from typing import Any
 
 from podmigrate import layout
-from podmigrate.bench import stats
-from podmigrate.errors import LabError
+from podmigrate.bench import k8s_targets, stats
+from podmigrate.errors import LabError, UsageError
 from podmigrate.kube import example, install, kubelet
 from podmigrate.kube.cluster import KubeCluster
 from podmigrate.kube.prober import Prober, blackout, went_back
 from podmigrate.lab.cluster import Lab
 from podmigrate.polling import poll
+from podmigrate.workload import manage
 
 Report = Callable[[str], None]
 PHASES = ("validate", "isolate", "checkpoint", "package", "restore", "cutover", "cleanup")
-METHODS = ("decoupled/cri", "decoupled/runtimeclass", "stop-copy/cri", "stop-copy/runtimeclass", "cold")
+# stream: stop-copy with the agents' runc checkpoint, pages into the waiting copy (k8s.stream_phases)
+KUBE_METHODS = ("decoupled/cri", "decoupled/runtimeclass", "stop-copy/cri", "stop-copy/runtimeclass", "stream", "cold")
+METHODS = (*KUBE_METHODS, *k8s_targets.ENGINE)
+CUTOVER_WINDOW_S = 1.0  # failed probes from this long before the Service switch count as at the cutover
 NS = "default"
 
 
@@ -62,16 +67,18 @@ def ready_cluster(lab_name: str, report: Report) -> KubeCluster:
 def one(cluster: KubeCluster, pod: str, method: str, heap_mb: int, index: int, port: int) -> dict[str, Any]:
     """Move ``pod`` to the other node with ``method``, probed from the LAN; the row, and the pod that
     serves after it in ``row['pod']``."""
-    mode, _, path = method.partition("/")
+    mode, _, path = method.partition("/") if method != "stream" else ("stop-copy", "", "")
     here = example.ready_pod(cluster, NS, pod, 300 + heap_mb / 4)
     source = here["spec"]["nodeName"]
     target = next(n for n in cluster.lab.nodes if n != source)
     before = example.state(cluster, here, 120 + heap_mb / 4)
-    name = f"b{index}-{mode}"
+    name = f"b{index}-{mode if method != 'stream' else 'stream'}"
     spec: dict[str, Any] = {"podName": pod, "targetNode": target, "mode": mode, "service": "heapsrv",
                             "timeouts": {"checkpointSeconds": 600, "restoreSeconds": 600}}  # fmt: skip
     if path:
         spec["restorePath"] = path
+    if method == "stream":
+        spec["transport"] = "stream"
     with Prober(cluster.lab, layout.node_ip(cluster.lab.nodes[0]), port) as probes:
         poll(lambda: probes.answered() >= 5, 60, "the prober's first answers")
         t0 = time.time()
@@ -83,6 +90,7 @@ def one(cluster: KubeCluster, pod: str, method: str, heap_mb: int, index: int, p
             return sum(1 for s in probes.samples if s["ok"] and s["t"] > ended) >= 10
 
         poll(after_it, 120, "answers after the migration")
+    cutover_at = (st.get("record") or {}).get("cutover_at")
     row: dict[str, Any] = {
         "method": method, "mode": mode, "path": st.get("restorePath") or path or None, "heap_mb": heap_mb,
         "run": index, "source": source, "target": target, "phase": st.get("phase"), "total_s": ended - t0,
@@ -90,6 +98,7 @@ def one(cluster: KubeCluster, pod: str, method: str, heap_mb: int, index: int, p
         "drift_s": st.get("driftSeconds"), "bytes": st.get("bytes"), "message": st.get("message", ""),
         "client_blackout_s": blackout(probes.samples)["seconds"], "client_went_back": len(went_back(probes.samples)),
         "probes": len(probes.samples),
+        "cutover_failed_probes": _failed_since(probes.samples, cutover_at - CUTOVER_WINDOW_S) if cutover_at else None,
     }  # fmt: skip
     if st.get("phase") == "Completed":
         copy = example.ready_pod(cluster, NS, st["restoredPod"]["name"], 300)
@@ -101,6 +110,10 @@ def one(cluster: KubeCluster, pod: str, method: str, heap_mb: int, index: int, p
         row["pod"] = pod  # rolled back: the source serves on
     cluster.kubectl(["delete", "plm", name, "-n", NS], check=False)
     return row
+
+
+def _failed_since(samples: list[dict[str, Any]], t: float) -> int:
+    return sum(1 for s in samples if not s["ok"] and s["t"] >= t)
 
 
 def run(
@@ -127,19 +140,31 @@ def run(
         install.apply_example(cluster, NS, heap)
         port = int(example.get(cluster, "service", "heapsrv", "-n", NS)["spec"]["ports"][0]["nodePort"])
         pod, index = "heapsrv", 0
+        workload = f"k8sbench{heap}"
+        if engine := [m for m in methods if m in k8s_targets.ENGINE]:
+            report(f"{heap} MB: the lab engine's stream-server beside it ({', '.join(engine)})")
+            with contextlib.suppress(UsageError):
+                manage.stop(cluster.lab, workload)
+            manage.start(cluster.lab, workload, cluster.lab.nodes[0], heap, report=report)
         for r, pleg in ((r, p) for r in range(warmup + runs) for p in plegs):
             cluster.set_pleg(pleg, report)
             for method in methods:  # interleaved: the machine's drift hits every method alike
                 index += 1
-                row = one(cluster, pod, method, heap, index, port)
+                if method in k8s_targets.ENGINE:
+                    row = k8s_targets.engine_one(cluster.lab, workload, method, heap, index)
+                else:
+                    row = one(cluster, pod, method, heap, index, port)
                 row["warmup"], row["pleg"] = r < warmup, pleg
                 rows.append(row)
                 with open(out_dir / "k8s.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")
                 which = r + 1 - warmup if r >= warmup else "warm-up"
-                report(f"{heap} MB {method} ({pleg} PLEG) run {which}: {row['phase']} in {row['total_s']:.2f} s, "
-                       f"blackout {row['blackout_s']} (a client saw {row['client_blackout_s']:.2f} s)")  # fmt: skip
-                pod = row["pod"]
+                report(f"{heap} MB {method} ({pleg} PLEG) run {which}: {row['phase']} in "
+                       f"{row['total_s'] or 0:.2f} s, blackout {row['blackout_s']} "
+                       f"(a client saw {row['client_blackout_s'] or 0:.2f} s)")  # fmt: skip
+                pod = row.get("pod", pod)
+        if engine:
+            manage.stop(cluster.lab, workload)
     install.remove_example(cluster, NS)
     cluster.set_pleg("generic", report)
     result = summarize(rows)
@@ -171,8 +196,10 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
             "state_kept": sum(1 for r in done if r.get("sha256_equal") and r.get("same_process")),
             "bytes_median": stats.describe([float(r["bytes"] or 0) for r in done]).get("median"),
             "failures": [r["message"] for r in sel if r["phase"] != "Completed"][:3],
+            "cutover_failed_probes": sum(r.get("cutover_failed_probes") or 0 for r in done),
         })  # fmt: skip
-    return {"created": time.time(), "rows": len(measured), "table": table}
+    return {"created": time.time(), "rows": len(measured), "table": table,
+            "targets": k8s_targets.ratios(table, rows)}  # fmt: skip
 
 
 def markdown(k8s: dict[str, Any]) -> list[str]:
@@ -200,7 +227,7 @@ def markdown(k8s: dict[str, Any]) -> list[str]:
             f"{_m(t['drift_s'])} | {_m(t['total_s'])} | " + " | ".join(ph) + " |"
         )
     lines.append("")
-    return lines
+    return lines + k8s_targets.markdown(k8s.get("targets") or [])
 
 
 def _m(d: dict[str, Any]) -> str:

@@ -20,6 +20,8 @@ docs/architecture.md, equal to the code.
 | kubernetes | decoupled | registry | validate, checkpoint, package, restore, cutover, cleanup | cutover | runs on |
 | kubernetes | stop-copy | registry | validate, isolate, checkpoint, package, restore, cutover, cleanup | cutover | runs on |
 | kubernetes | cold | none | validate, isolate, stop, restore, cutover, cleanup | cutover | runs on |
+| kubernetes | decoupled | stream | validate, page-server, checkpoint, restore, cutover, cleanup | cutover | runs on |
+| kubernetes | stop-copy | stream | validate, page-server, isolate, checkpoint, restore, cutover, cleanup | cutover | runs on |
 <!-- /plan-table -->
 
 Once the phase a row names under "committed after" has succeeded, the target holds the workload:
@@ -134,6 +136,14 @@ PLANS: dict[tuple[str, str, str], Row] = {
     ),
     ("kubernetes", "cold", "none"): Row(
         (P.VALIDATE, P.ISOLATE, P.STOP, P.RESTORE, P.CUTOVER, P.CLEANUP), P.CUTOVER, _K8S
+    ),
+    # the copy's pod waits on the target (page-server) before the source is touched; its pages come
+    # during the dump, the rest right after, and its waiting create restores
+    ("kubernetes", "decoupled", "stream"): Row(
+        (P.VALIDATE, P.PAGE_SERVER, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.CLEANUP), P.CUTOVER, _K8S
+    ),
+    ("kubernetes", "stop-copy", "stream"): Row(
+        (P.VALIDATE, P.PAGE_SERVER, P.ISOLATE, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.CLEANUP), P.CUTOVER, _K8S
     ),
 }
 

@@ -24,6 +24,8 @@ to callers showing a certificate of that CA (mutual TLS: the certificate is the 
                                         each image pulled, its manifest and layer digests checked, unpacked
                                         for the podmigrate RuntimeClass (``k8s.restores``); node paths
     POST /v1/restores/delete            {checkpoint_id} -> that migration's unpacked checkpoints deleted
+    POST /v1/streams...                 a streamed migration (``k8s.streams``): runc's own checkpoint on
+                                        the source (with --runc-checkpoint), its pages into the waiting copy
 
 Run: ``python -m podmigrate.k8s.agent --node $NODE_NAME --kubelet https://$HOST_IP:10250 --kubelet-ca CA
 --listen 0.0.0.0:7070 --tls-cert tls.crt --tls-key tls.key --client-ca ca.crt --health-listen
@@ -51,6 +53,7 @@ from podmigrate.errors import UsageError
 from podmigrate.k8s.kubelet import CHECKPOINT_DIR, KubeletClient
 from podmigrate.k8s.policy import Policy, Refused, parse_list
 from podmigrate.k8s.restores import Restores
+from podmigrate.k8s.streams import Streams
 from podmigrate.transport import registry
 from podmigrate.transport.stream import Seal
 
@@ -68,6 +71,7 @@ def build_app(
     restores: Restores | None = None,
     policy: Policy | None = None,
     peers: Iterable[str] | None = None,
+    streams: Streams | None = None,
 ) -> App:
     """``policy``: registries and namespaces served (None: any, for tests that bring their own);
     ``peers``: the client certificate names let in (None: any the client CA signed)."""
@@ -101,6 +105,8 @@ def build_app(
             "disk_free_bytes": shutil.disk_usage(checkpoint_dir).free if checkpoint_dir.exists() else None,
             "archives": [{"path": str(a), "bytes": a.stat().st_size, "mtime": a.stat().st_mtime} for a in archives],
             "restore_handler": restores.handler if restores else None,
+            "streams": streams is not None,  # a streamed copy can wait here
+            "stream_checkpoint": bool(streams and streams.checkpoint),  # and a streamed dump can start here
         }
 
     def ours(cid: str, container: str) -> Path:
@@ -198,6 +204,8 @@ def build_app(
 
     if restores is not None:
         restores.routes(app, policy)
+    if streams is not None:
+        streams.routes(app)
     return app
 
 
@@ -275,6 +283,11 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kubelet-token-file", default=str(SA_TOKEN))
     ap.add_argument("--checkpoint-dir", default=str(CHECKPOINT_DIR))
     ap.add_argument("--restore-dir", help="the podmigrate RuntimeClass's checkpoint directory (enables it)")
+    ap.add_argument("--runc-checkpoint", action="store_true",
+                    help="streamed migrations checkpoint here with runc (needs hostPID, privileges)")  # fmt: skip
+    ap.add_argument("--runc-root", default="/run/containerd/runc/k8s.io", help="runc's state of the pods' containers")
+    ap.add_argument("--stream-address", default=env.get("HOST_IP", ""),
+                    help="this node's address for streamed pages (default $HOST_IP)")  # fmt: skip
     ap.add_argument("--listen", default="0.0.0.0:7070")
     ap.add_argument("--health-listen", help="plain-HTTP /healthz for the kubelet's probes, e.g. 0.0.0.0:7071")
     ap.add_argument("--tls-cert", help="serve https with this certificate (PEM)")
@@ -304,7 +317,10 @@ def main(argv: list[str] | None = None) -> None:
     kubelet = KubeletClient(args.kubelet, Path(args.kubelet_token_file), args.kubelet_ca, args.kubelet_insecure_tls)
     restores = Restores(Path(args.restore_dir), Path(args.restore_dir)) if args.restore_dir else None
     peers = parse_list(args.client_names) or None
-    app = build_app(args.node, token, kubelet, Path(args.checkpoint_dir), restores, policy, peers)
+    streams = None
+    if restores is not None and args.stream_address:
+        streams = Streams(restores, args.stream_address, runc_root=args.runc_root, checkpoint=args.runc_checkpoint)
+    app = build_app(args.node, token, kubelet, Path(args.checkpoint_dir), restores, policy, peers, streams)
     tls = server_context(args.tls_cert, args.tls_key, args.client_ca) if args.tls_cert else None
     server = serve(app, args.listen, tls)
     if args.health_listen:

@@ -43,6 +43,10 @@ class K8sRecord(RunRecord, total=False):
     restore_path: str  # cri (the runtime restores the image) or runtimeclass (k8s.runtimes)
     sealed: bool  # the images are sealed for this migration (runtimeclass with the operator's key)
     restore_dirs: dict[str, str]  # runtimeclass: container -> the verified checkpoint on the target node
+    transport: str  # registry (the kubelet's checkpoint as an image), stream (k8s.stream_phases), none (cold)
+    stream_ports: dict[str, Any]  # stream: container -> the target relays' address and ports
+    stream: dict[str, Any]  # stream: container -> dump seconds, bytes of pages and of the rest
+    target_memory: dict[str, Any]  # stream: the memory warmed on the target before the freeze
     cutover_at: float
     blackout_s: float
     drift_s: float

@@ -37,6 +37,7 @@ __all__ = ["AGENT_LABELS", "FINISHED", "Agents", "Cancelled", "Config", "Ctx", "
 
 PUBLIC_PHASE = {
     "validate": "Pending",
+    "page-server": "Pending",  # stream: the copy is made ready to receive; the source is untouched yet
     "isolate": "Checkpointing",
     "stop": "Checkpointing",
     "checkpoint": "Checkpointing",
@@ -76,7 +77,7 @@ class K8sRunner(Runner[Ctx]):
 
     def row(self) -> plans.Row:
         mode = self.ctx.spec.get("mode", "decoupled")
-        return plans.row("kubernetes", mode, "none" if mode == "cold" else "registry")
+        return plans.row("kubernetes", mode, "none" if mode == "cold" else self.ctx.spec.get("transport", "registry"))
 
     def implementations(self) -> Mapping[PhaseName, Phase[Ctx]]:
         return PHASES
@@ -188,6 +189,7 @@ class K8sRunner(Runner[Ctx]):
             restoredPod={"name": rec["restored"], "node": rec["target"]},
             checkpointImages=rec.get("images") or {},
             restorePath=rec.get("restore_path"),
+            transport=rec.get("transport"),
             phaseTimings=_timings(rec),
             blackoutSeconds=round(blackout, 3),
             driftSeconds=round(drift, 3),

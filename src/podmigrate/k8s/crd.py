@@ -69,10 +69,13 @@ SPEC_SCHEMA: dict[str, Any] = {
         },
         "transport": {
             "type": "string",
-            "enum": ["registry"],
+            "enum": ["registry", "stream"],
             "default": "registry",
-            "description": "How the checkpoint moves. On Kubernetes only through a registry: the kubelet "
-            "restores from an image (stream and lazy need the lab backend).",
+            "description": "How the checkpoint moves. registry: the kubelet's checkpoint (KEP-2008) as an OCI "
+            "image, pulled by the target (any node). stream: the source's agent checkpoints with runc and its "
+            "pages go straight into the copy, whose pod waits on the target before the freeze (the podmigrate "
+            "RuntimeClass on the target, agents from deploy/kubernetes/stream on both; the migration is sealed). "
+            "status.transport says which was taken.",
         },
         "compression": {"type": "string", "enum": ["none", "gzip", "zstd"], "default": "none"},
         "restorePath": {
@@ -124,6 +127,7 @@ STATUS_SCHEMA: dict[str, Any] = {
         },
         "checkpointImages": {"type": "object", "additionalProperties": {"type": "string"}},
         "restorePath": {"type": "string", "enum": ["cri", "runtimeclass"]},
+        "transport": {"type": "string", "enum": ["registry", "stream", "none"]},
         "phaseTimings": {
             "type": "object",
             "additionalProperties": _SECONDS,
@@ -251,6 +255,13 @@ def validate_spec(spec: Any) -> dict[str, Any]:
         raise SpecError("spec.containers: a container is listed twice")
     if out["mode"] == "cold" and names:
         raise SpecError("spec.containers: a cold restart checkpoints nothing; leave containers out")
+    if out["transport"] == "stream" and out["mode"] == "cold":
+        raise SpecError("spec.transport: a cold restart moves no checkpoint; stream needs decoupled or stop-copy")
+    if out["transport"] == "stream" and out["restorePath"] == "cri":
+        raise SpecError(
+            "spec.restorePath: a streamed checkpoint is restored by the podmigrate RuntimeClass, not by CRI",
+            hint="leave restorePath out (or runtimeclass), or use transport registry",
+        )
     return out
 
 

@@ -18,6 +18,7 @@ from podmigrate.engine.plans import PhaseName as P
 from podmigrate.engine.runner import Phase, phase_table
 from podmigrate.errors import PodmigrateError
 from podmigrate.k8s import api as k
+from podmigrate.k8s import stream_phases
 from podmigrate.k8s.context import INSTANCE, Ctx
 from podmigrate.k8s.pods import pod_copy, wait_gone, wait_ready
 from podmigrate.k8s.policy import by_digest
@@ -75,7 +76,7 @@ def _wait_unserved(ctx: Ctx, timeout: float = 10.0) -> None:
             ]
         if not serving:
             return
-        time.sleep(ctx.config.poll_s)
+        time.sleep(ctx.config.blackout_poll_s)
     ctx.event("Warning", "StillServing", f"{source} still listed in {sorted(set(serving))} after {timeout:.0f} s")
 
 
@@ -98,6 +99,8 @@ def undo_stop(ctx: Ctx) -> str:
 
 
 def checkpoint(ctx: Ctx) -> None:
+    if ctx.rec.get("transport") == "stream":
+        return stream_phases.checkpoint(ctx)
     out = ctx.agents.call(
         ctx.rec["source"],
         "/v1/checkpoints",
@@ -114,6 +117,8 @@ def checkpoint(ctx: Ctx) -> None:
 
 
 def undo_checkpoint(ctx: Ctx) -> str:
+    if ctx.rec.get("transport") == "stream":
+        return stream_phases.undo_checkpoint(ctx)
     body = {"checkpoint_id": ctx.rec["id"], "containers": ctx.rec["containers"]}
     out = ctx.agents.call(ctx.rec["source"], "/v1/archives/delete", body)
     return f"deleted archives {sorted(p for p, was in out['deleted'].items() if was)}"
@@ -250,6 +255,8 @@ def cleanup(ctx: Ctx) -> None:
 
 PHASES = phase_table(
     Phase(P.VALIDATE, validate),
+    # stream: the copy's pod waits on the target before anything else happens to the source
+    Phase(P.PAGE_SERVER, stream_phases.page_server, stream_phases.undo_page_server),
     # isolate and cutover both undo to the selectors recorded at validate
     Phase(P.ISOLATE, isolate, undo_selectors, undo_group="selectors"),
     Phase(P.STOP, stop, undo_stop),

@@ -53,6 +53,9 @@ def validate(ctx: Ctx) -> None:
     rec["source"] = source
     rec.setdefault("target", _pick_target(ctx, source, pod))
     rec["containers"] = wanted
+    rec["transport"] = "none" if spec["mode"] == "cold" else spec.get("transport", "registry")
+    if rec["transport"] == "stream":
+        _can_stream(ctx, rec["source"], rec["target"])
     if spec["mode"] != "cold":
         rec["restore_path"] = _restore_path(ctx, rec["target"])
         # decided once, here: a restore opens what the push sealed, whatever the config says by then
@@ -123,6 +126,26 @@ def _allowed(ctx: Ctx) -> None:
         raise SpecError(str(e), reason="RegistryNotAllowed") from None
 
 
+def _can_stream(ctx: Ctx, source: str, target: str) -> None:
+    """A streamed migration needs the source's agent to checkpoint with runc, the target's to take the
+    pages, and a seal key: its pages cross the network sealed with the migration's key, or not at all."""
+    if not ctx.config.seal_master:
+        raise SpecError(
+            "spec.transport: a streamed migration seals its pages with the migration's key, and this operator has none",
+            hint="give the operator the Secret podmigrate-seal-key (podmigrate k8s secrets), or use transport registry",
+        )
+    for node, what, needs in ((source, "stream_checkpoint", "checkpoint with runc"), (target, "streams", "take pages")):
+        try:
+            ok = bool(ctx.agents.info(node).get(what))
+        except PodmigrateError as e:
+            raise SpecError(f"spec.transport: no agent answers on node {node!r} ({e.message})") from None
+        if not ok:
+            raise SpecError(
+                f"spec.transport: the agent on node {node!r} cannot {needs} for a streamed migration",
+                hint="install the agents with deploy/kubernetes/stream (hostPID, privileged), or transport registry",
+            )
+
+
 def _restore_path(ctx: Ctx, target: str) -> str:
     """cri or runtimeclass, as ``k8s.runtimes`` decides from what the target node reports."""
     node = ctx.api.get(k.nodes(target)) or {}
@@ -133,7 +156,8 @@ def _restore_path(ctx: Ctx, target: str) -> str:
             served = ctx.agents.info(target).get("restore_handler") == rc.get("handler")
         except PodmigrateError:
             served = False  # no agent there: the checkpoint phase says so with its own error
-    path, why = runtimes.choose(ctx.spec.get("restorePath", "auto"), node, served)
+    wanted = "runtimeclass" if ctx.spec.get("transport") == "stream" else ctx.spec.get("restorePath", "auto")
+    path, why = runtimes.choose(wanted, node, served)
     if path is None:
         raise SpecError(
             f"node {target!r} cannot restore a checkpoint: {why}",

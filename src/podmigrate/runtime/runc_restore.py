@@ -10,6 +10,8 @@ the handler allow-lists them: ``pod_annotations = ["io.podmigrate.*"]``)::
     io.podmigrate.restore                  = "server,sidecar"     the containers to restore
     io.podmigrate.restore-from.<container> = /var/lib/podmigrate/restore/<migration>/<container>
     io.podmigrate.tcp-established          = "true"               optional: restore open connections
+    io.podmigrate.stream                   = "server"             streamed: wait for the checkpoint here
+    io.podmigrate.wait-seconds             = "90"                 how long a streamed restore waits
 
 The directory holds the checkpoint archive unpacked (``checkpoint/`` = CRIU's images, optionally
 ``rootfs-diff.tar``) and the agent's ``podmigrate-verified.json``, written only after the image's
@@ -23,9 +25,16 @@ It fails loudly, never silently fresh: a container named in ``io.podmigrate.rest
 which reaches the CRI error through runc's ``--log`` file. A container is restored at most once per
 sandbox (a restart after that starts it fresh, as the kubelet expects of a restart).
 
+A **streamed** restore (``io.podmigrate.stream``) is created before the source is frozen: ``create``
+starts a CRIU page server writing into ``restore-from/checkpoint``, says its port in
+``page-server.json`` (the node agent relays the source's dump to it, sealed, between the nodes), and
+waits for the agent's ``podmigrate-verified.json`` (the rest of the checkpoint is in) or its ``abort``
+(the migration rolled back) before it restores. The pod's sandbox, image and container setup are
+then behind the copy before the freeze, not in its blackout.
+
 Standard library only (it runs on the node with the system python3). Configuration (optional):
-``/etc/podmigrate/runc-restore.json`` ``{"runc": "/usr/sbin/runc", "state": "/run/podmigrate-runc",
-"restore_dir": "/var/lib/podmigrate/restore"}``.
+``/etc/podmigrate/runc-restore.json`` ``{"runc": "/usr/sbin/runc", "criu": "criu", "state":
+"/run/podmigrate-runc", "restore_dir": "/var/lib/podmigrate/restore"}``.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ import itertools
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tarfile
@@ -42,7 +52,12 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 CONFIG = Path("/etc/podmigrate/runc-restore.json")
-DEFAULTS = {"runc": "/usr/sbin/runc", "state": "/run/podmigrate-runc", "restore_dir": "/var/lib/podmigrate/restore"}
+DEFAULTS = {
+    "runc": "/usr/sbin/runc",
+    "criu": "criu",
+    "state": "/run/podmigrate-runc",
+    "restore_dir": "/var/lib/podmigrate/restore",
+}
 GLOBAL_WITH_VALUE = {"--root", "--log", "--log-format", "--criu", "--rootless"}
 CREATE_WITH_VALUE = {"--bundle", "-b", "--pid-file", "--console-socket", "--preserve-fds"}
 PREFIX = "io.podmigrate."
@@ -138,6 +153,17 @@ def restore_source(annotations: dict[str, str], restore_dir: Path) -> Path | Non
     return path
 
 
+def pending_source(annotations: dict[str, str], restore_dir: Path) -> Path:
+    """A streamed restore's directory, before its checkpoint is in: under the restore directory, or refused."""
+    name = annotations.get("io.kubernetes.cri.container-name", "")
+    src = annotations.get(f"{PREFIX}restore-from.{name}") or ""
+    path = Path(os.path.realpath(src)) if src else None
+    if path is None or path.parent.parent != Path(os.path.realpath(restore_dir)) or not path.is_dir():
+        raise Refused(f"a streamed restore needs {PREFIX}restore-from.{name} naming a directory the node agent "
+                      f"made under {restore_dir}, not {src!r}")  # fmt: skip
+    return path
+
+
 def apply_rootfs_diff(src: Path, rootfs: Path) -> None:
     """The container's writes to its root filesystem, on top of the fresh snapshot of its image."""
     diff = src / "rootfs-diff.tar"
@@ -150,11 +176,84 @@ def apply_rootfs_diff(src: Path, rootfs: Path) -> None:
         t.extractall(rootfs, filter="tar")
 
 
+def wait_for_stream(glob: list[str], state: Path, src: Path, wait: float, criu: str) -> None:
+    """Serve the dump's pages into ``src/checkpoint`` and wait for the agent to verify the rest."""
+    images = src / "checkpoint"
+    images.mkdir(mode=0o700, parents=True, exist_ok=True)
+    server = None
+    for _ in range(5):  # a port taken between choosing and binding it: choose again
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        server = subprocess.Popen(
+            [criu, "page-server", "-D", str(images), "--address", "127.0.0.1", "--port", str(port),
+             "-o", "page-server.log", "-v2"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        until = time.monotonic() + 10
+        while server.poll() is None and time.monotonic() < until and not _listening(port):
+            time.sleep(0.01)
+        if server.poll() is None and _listening(port):
+            break
+        server.kill()
+        server.wait()
+        server = None
+    if server is None:
+        fail(glob, state, f"criu page-server did not start for {src}: {_tail(images / 'page-server.log')}")
+    tmp = src / "page-server.json.tmp"
+    tmp.write_text(json.dumps({"port": port, "pid": server.pid}))
+    tmp.chmod(0o600)
+    tmp.rename(src / "page-server.json")  # the agent reads it whole or not at all
+    until = time.monotonic() + wait
+    while not (src / VERIFIED).is_file():
+        if (src / "abort").exists() or time.monotonic() > until:
+            server.kill()
+            server.wait()
+            why = "the migration was rolled back" if (src / "abort").exists() else f"nothing came in {wait:.0f} s"
+            fail(glob, state, f"streamed restore from {src} did not happen: {why}")
+        time.sleep(0.005)
+    try:
+        server.wait(timeout=10)  # it ends when the dump's connection closes, before the agent verifies
+    except subprocess.TimeoutExpired:
+        server.kill()
+        fail(glob, state, f"criu page-server for {src} did not finish: {_tail(images / 'page-server.log')}")
+    if server.returncode != 0:
+        fail(glob, state, f"criu page-server for {src} failed: {_tail(images / 'page-server.log')}")
+
+
+def _listening(port: int) -> bool:
+    """Read from /proc, never by connecting: the page server takes one connection, the dump's."""
+    suffix = f":{port:04X}"
+    with open("/proc/net/tcp") as f:
+        return any(x.split()[1].endswith(suffix) and x.split()[3] == "0A" for x in f.readlines()[1:])
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return f"no {path.name}"
+    return lines[-1].strip() if lines else f"{path.name} is empty"
+
+
 def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: str, cfg: dict[str, str]) -> int:
     state = Path(cfg["state"])
     bundle = Path(str(opts.get("--bundle") or opts.get("-b") or "."))
     spec: dict[str, Any] = json.loads((bundle / "config.json").read_text())
     annotations: dict[str, str] = spec.get("annotations") or {}
+    name = annotations.get("io.kubernetes.cri.container-name", "")
+    streamed = name in [c.strip() for c in annotations.get(PREFIX + "stream", "").split(",")]
+    if streamed:
+        try:
+            wait = float(annotations.get(PREFIX + "wait-seconds", "90"))
+        except ValueError:
+            fail(glob, state, f"{PREFIX}wait-seconds is not a number of seconds")
+        try:
+            pending = pending_source(annotations, Path(cfg["restore_dir"]))
+        except Refused as e:
+            fail(glob, state, str(e))
+        if not (pending / VERIFIED).exists():
+            wait_for_stream(glob, state, pending, wait, cfg["criu"])
     try:
         src = restore_source(annotations, Path(cfg["restore_dir"]))
     except Refused as e:
@@ -181,6 +280,8 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
         argv.append("--no-pivot")
     if annotations.get(PREFIX + "tcp-established") == "true":
         argv.append("--tcp-established")
+    if streamed:  # its images are this restore's alone: what is read is freed at once, for the heap
+        argv.append("--auto-dedup")
     t0 = time.monotonic()
     rc = subprocess.run([*argv, cid]).returncode  # stdio inherited: runc hands the shim's pipes to CRIU
     if rc != 0:

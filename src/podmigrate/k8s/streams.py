@@ -1,0 +1,327 @@
+"""The node agent's side of a streamed migration on Kubernetes: runc's own checkpoint on the source,
+its pages into the target's waiting copy during the dump.
+
+The kubelet's Checkpoint API writes a tar of the whole checkpoint and nothing else; here the source
+agent runs ``runc checkpoint --page-server`` itself (in the node's mount namespace, entered through
+the container's shim: it needs ``hostPID`` and privileges, ``deploy/kubernetes/stream``) while the
+copy's pod already waits on the target (``runtime.runc_restore``: its container's ``create`` serves a
+CRIU page server and waits for the rest). Two sealed channels per container, both
+``transport.pagerelay`` (AES-256-GCM with the migration's key, only the source node let in): CRIU's
+pages, and then the few MB CRIU wrote besides them (with the root file system's changes). The target
+agent unpacks those beside the pages and writes ``podmigrate-verified.json``: the waiting ``create``
+restores. Routes (mutual TLS, the operator only)::
+
+    POST /v1/streams                  target: {checkpoint_id, containers} -> the directories to restore from
+    POST /v1/streams/listen           target: {checkpoint_id, container, seal, peer} -> relay ports, once the
+                                      copy's container waits with its page server
+    POST /v1/streams/checkpoint       source: {checkpoint_id, container, container_id, target, seal,
+                                      leave_running} -> runc's checkpoint, pages and the rest sent
+    POST /v1/streams/verify           target: {checkpoint_id, container} -> verified (the copy restores)
+    POST /v1/streams/abort            target: {checkpoint_id} -> every waiting copy of it fails at once
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import tarfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from podmigrate.agent.http import App
+from podmigrate.agent.memory import Reservations
+from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
+from podmigrate.k8s.restores import VERIFIED, Restores, _unpack
+from podmigrate.transport.pagerelay import SourceRelay, TargetRelay
+
+_ID = re.compile(r"^[0-9a-f]{64}$")  # a containerd or CRI-O container id
+LISTEN_S = 100.0  # how long the copy's container may take to reach its create (pull, sandbox)
+RELAY_S = 600.0
+VERIFY_S = 60.0  # the source has finished when verify is asked: what has not arrived by then never will
+
+
+def _checked(cid: str) -> str:
+    if not _ID.fullmatch(cid):
+        raise UsageError(f"not a container id: {cid!r}")
+    return cid
+
+
+def container_pids(cid: str, proc: Path = Path("/proc")) -> tuple[int, int]:
+    """(the container's first process, its parent: the runtime's shim) found by the cgroup every
+    runtime names after the container id; never by a process name (other nodes share the host here)."""
+    _checked(cid)
+    inside: dict[int, int] = {}
+    for p in proc.iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            if cid not in (p / "cgroup").read_text():
+                continue
+            ppid = int(next(ln for ln in (p / "status").read_text().splitlines() if ln.startswith("PPid:")).split()[1])
+        except (OSError, StopIteration, ValueError):
+            continue  # gone meanwhile
+        inside[int(p.name)] = ppid
+    first = [pid for pid, ppid in inside.items() if ppid not in inside]
+    if len(first) != 1:
+        raise RuntimeBackendError(
+            f"container {cid[:12]} has {len(first) or 'no'} first processes in its cgroup",
+            hint="the agent needs hostPID: true (deploy/kubernetes/stream) to see the node's processes",
+        )
+    return first[0], inside[first[0]]
+
+
+def rss(cid: str, proc: Path = Path("/proc")) -> int:
+    """The resident memory of the container's processes (found by its cgroup), in bytes."""
+    total = 0
+    for p in proc.iterdir():
+        try:
+            if p.name.isdigit() and cid in (p / "cgroup").read_text():
+                line = next(ln for ln in (p / "status").read_text().splitlines() if ln.startswith("VmRSS:"))
+                total += int(line.split()[1]) * 1024
+        except (OSError, StopIteration, ValueError):
+            continue
+    return total
+
+
+def _pack(out: BinaryIO, images: Path, rootfs_diff: Path | None) -> None:
+    """CRIU's images (and the root file system's changes) as a tar stream: a checkpoint sent without a
+    page server carries its pages in it, so it is never held in memory whole."""
+    with tarfile.open(fileobj=out, mode="w|") as t:
+        t.add(images, arcname="checkpoint")
+        if rootfs_diff is not None and rootfs_diff.exists():
+            t.add(rootfs_diff, arcname="rootfs-diff.tar")
+
+
+def _sink(listener: socket.socket, dest: Path, done: threading.Event, box: dict[str, Any]) -> None:
+    """Accept the target relay's one connection and write what it brings into ``dest``."""
+    try:
+        listener.settimeout(RELAY_S)
+        conn, _ = listener.accept()
+        with conn, open(dest, "wb", opener=lambda p, f: os.open(p, f, 0o600)) as out:
+            while chunk := conn.recv(1 << 20):
+                out.write(chunk)
+                box["bytes"] = box.get("bytes", 0) + len(chunk)
+    except OSError as e:
+        box["error"] = str(e)
+    finally:
+        listener.close()
+        done.set()
+
+
+@dataclass
+class Waiting:
+    """One container of a migration on the target: its relays and where the rest lands."""
+
+    pages: TargetRelay | None  # None: the whole checkpoint comes as the rest (no page server)
+    images: TargetRelay
+    received: threading.Event
+    box: dict[str, Any] = field(default_factory=dict)
+
+    def close(self) -> None:
+        for relay in (self.pages, self.images):
+            if relay is not None:
+                relay.close()
+
+
+@dataclass
+class Streams:
+    restores: Restores
+    address: str  # this node's address the source's relays connect to
+    memory: Reservations = field(default_factory=Reservations)  # backed before the pages arrive
+    runc: str = "runc"
+    runc_root: str = "/run/containerd/runc/k8s.io"
+    checkpoint: bool = False  # the source side: runc checkpoint (needs hostPID and privileges)
+    _waiting: dict[tuple[str, str], Waiting] = field(default_factory=dict)
+
+    def routes(self, app: App) -> None:
+        app.route("POST", "/v1/streams")(lambda p, b: self.prepare(str(b["checkpoint_id"]), list(b["containers"])))
+        app.route("POST", "/v1/streams/listen")(lambda p, b: self.listen(b))
+        app.route("POST", "/v1/streams/verify")(lambda p, b: self.verify(str(b["checkpoint_id"]), str(b["container"])))
+        app.route("POST", "/v1/streams/abort")(lambda p, b: self.abort(str(b["checkpoint_id"])))
+        self.memory.register(app)
+        if self.checkpoint:
+            app.route("POST", "/v1/streams/checkpoint")(lambda p, b: self.dump(b))
+            app.route("POST", "/v1/streams/rss")(
+                lambda p, b: {"bytes": sum(rss(_checked(i)) for i in b["container_ids"])}
+            )
+
+    # ------------------------------------------------------------------ target
+
+    def prepare(self, cid: str, containers: list[str]) -> dict[str, Any]:
+        out = {}
+        for c in containers:
+            local, node = self.restores._dir(cid, c)
+            shutil.rmtree(local, ignore_errors=True)
+            (local / "checkpoint").mkdir(mode=0o700, parents=True)
+            out[c] = str(node)
+        return {"restores": out}
+
+    def listen(self, b: dict[str, Any]) -> dict[str, Any]:
+        cid, c = str(b["checkpoint_id"]), str(b["container"])
+        local, _ = self.restores._dir(cid, c)
+        ready = local / "page-server.json"
+        until = time.monotonic() + float(b.get("timeout", LISTEN_S))
+        while b.get("pages", True) and not ready.exists():
+            if (local / "abort").exists() or not local.exists():
+                raise UsageError(f"checkpoint {cid} of {c} was aborted before its copy waited")
+            if time.monotonic() > until:
+                raise RuntimeBackendError(
+                    f"the copy's container {c} did not start waiting for its checkpoint here in "
+                    f"{b.get('timeout', LISTEN_S)} s",
+                    hint="its pod's events say why (image pull, sandbox); the podmigrate RuntimeClass must be "
+                    "this node's handler",
+                )
+            time.sleep(0.01)
+        key, peer = str(b["seal"]), b.get("peer")
+        self.memory.release(cid)  # backed memory for the pages' page cache, then the restored heap
+        box: dict[str, Any] = {}
+        received = threading.Event()
+        sink = socket.create_server(("127.0.0.1", 0))
+        threading.Thread(target=_sink, args=(sink, local / "rest.tar", received, box), daemon=True).start()
+        pages = None
+        if b.get("pages", True):
+            port = int(json.loads(ready.read_text())["port"])
+            pages = TargetRelay(f"{cid}.{c}", key, self.address, port, RELAY_S, peer)
+        w = Waiting(
+            pages,
+            TargetRelay(f"{cid}.{c}.rest", key, self.address, sink.getsockname()[1], RELAY_S, peer),
+            received,
+            box,
+        )
+        self._waiting[(cid, c)] = w
+        return {"pages_port": pages.port if pages else None, "rest_port": w.images.port, "address": self.address}
+
+    def verify(self, cid: str, c: str) -> dict[str, Any]:
+        w = self._waiting.pop((cid, c), None)
+        if w is None:
+            raise UsageError(f"no streamed checkpoint {cid} of {c} is waiting on this node")
+        local, node = self.restores._dir(cid, c)
+        try:
+            for what, relay in (("pages", w.pages), ("rest of the checkpoint", w.images)):
+                if relay is not None and (not relay.wait(VERIFY_S) or relay.error):
+                    raise TransportError(f"the {what} of {c} did not all arrive: {relay.error or 'timed out'}")
+            if not w.received.wait(VERIFY_S) or "error" in w.box:
+                raise TransportError(f"the rest of {c}'s checkpoint was not written: {w.box.get('error')}")
+            _unpack(local / "rest.tar", local)
+        except TransportError:
+            (local / "abort").touch()  # the waiting create fails now rather than at its deadline
+            w.close()
+            raise
+        finally:
+            (local / "rest.tar").unlink(missing_ok=True)
+        info = {
+            "stream": True,
+            "pages_bytes": w.pages.bytes if w.pages else {},
+            "rest_bytes": w.box.get("bytes", 0),
+            "at": time.time(),
+        }
+        tmp = local / f"{VERIFIED}.tmp"
+        tmp.write_text(json.dumps(info))
+        tmp.chmod(0o600)
+        tmp.rename(local / VERIFIED)  # the waiting create restores from here on
+        return {"path": str(node), **info}
+
+    def abort(self, cid: str) -> dict[str, Any]:
+        aborted = []
+        for (c_id, c), w in list(self._waiting.items()):
+            if c_id == cid:
+                w.close()
+                del self._waiting[(c_id, c)]
+        local, _ = self.restores._dir(cid)
+        for d in local.iterdir() if local.exists() else []:
+            (d / "abort").touch()
+            aborted.append(d.name)
+        return {"aborted": sorted(aborted)}
+
+    # ------------------------------------------------------------------ source
+
+    def dump(self, b: dict[str, Any]) -> dict[str, Any]:
+        cid, c, ctr = str(b["checkpoint_id"]), str(b["container"]), str(b["container_id"])
+        host, key = str(b["target"]), str(b["seal"])
+        local, there = self.restores._dir(f"out-{cid}", c)  # there: the same directory as the node sees it
+        shutil.rmtree(local, ignore_errors=True)
+        local.parent.mkdir(mode=0o700, exist_ok=True)
+        for d in ("checkpoint", "work"):
+            (local / d).mkdir(mode=0o700, parents=True)
+        try:
+            return self._dump(cid, c, ctr, host, key, b, local, there)
+        finally:
+            shutil.rmtree(local, ignore_errors=True)  # pages never land here; the rest went to the target
+            with contextlib.suppress(OSError):  # the last of the migration's containers takes the directory
+                local.parent.rmdir()
+
+    def _dump(
+        self, cid: str, c: str, ctr: str, host: str, key: str, b: dict[str, Any], local: Path, there: Path
+    ) -> dict[str, Any]:
+        images, work = local / "checkpoint", local / "work"
+        _pid, shim = container_pids(ctr)
+        node = ["nsenter", "-t", str(shim), "-m", "--"]
+        pages = SourceRelay(f"{cid}.{c}", key, (host, int(b["pages_port"]))) if b.get("pages_port") else None
+        argv = [*node, self.runc, "--root", self.runc_root, "checkpoint", "--image-path", str(there / "checkpoint"),
+                "--work-path", str(there / "work")]  # fmt: skip
+        if pages is not None:  # else the pages are written here and go with the rest
+            argv += ["--page-server", f"127.0.0.1:{pages.port}"]
+        if b.get("leave_running", True):
+            argv.append("--leave-running")
+        t0 = time.time()
+        p = subprocess.run([*argv, ctr], capture_output=True, text=True, timeout=float(b.get("timeout", 600)))
+        dumped = time.time()
+        if p.returncode != 0:
+            if pages is not None:
+                pages.close()
+            raise RuntimeBackendError(
+                f"runc checkpoint of {c} failed (exit {p.returncode}): {_criu_error(work) or p.stderr.strip()[-300:]}",
+                hint="CRIU's dump.log is in the work directory while the agent runs",
+            )
+        if pages is not None and (not pages.wait(60) or pages.error):
+            raise TransportError(f"the pages of {c} did not all reach the target: {pages.error or 'timed out'}")
+        diff = work / "rootfs-diff.tar"
+        upper = _upper_dir(node, ctr)
+        if upper:  # the container's writes to its root file system, as the kubelet's archive carries them
+            tar = [*node, "tar", "--numeric-owner", "-C", upper, "-cf", str(there / "work" / diff.name), "."]
+            subprocess.run(tar, check=True, capture_output=True)
+        sent = self._send(cid, c, key, host, int(b["rest_port"]), lambda f: _pack(f, images, diff if upper else None))
+        moved = pages.bytes["pages"] if pages else 0
+        return {"seconds": dumped - t0, "total_seconds": time.time() - t0, "pages_bytes": moved, "rest_bytes": sent}
+
+    @staticmethod
+    def _send(cid: str, c: str, key: str, host: str, port: int, write: Callable[[BinaryIO], None]) -> int:
+        relay = SourceRelay(f"{cid}.{c}.rest", key, (host, port))
+        with socket.create_connection(("127.0.0.1", relay.port), timeout=30) as s:
+            with s.makefile("wb") as f:
+                write(f)
+            s.shutdown(socket.SHUT_WR)
+            while s.recv(65536):
+                pass
+        if not relay.wait(60) or relay.error:
+            raise TransportError(f"the rest of {c}'s checkpoint did not reach the target: {relay.error}")
+        return relay.bytes["pages"]  # what went to the target (the relay's forward direction)
+
+
+def _upper_dir(node: list[str], ctr: str) -> str | None:
+    """The overlay upper directory of the container's root file system, in the node's mount namespace."""
+    p = subprocess.run([*node, "cat", "/proc/self/mountinfo"], capture_output=True, text=True, check=True)
+    for line in p.stdout.splitlines():
+        fields = line.split()
+        if len(fields) > 4 and fields[4].endswith(f"/{ctr}/rootfs") and " - overlay " in line:
+            opts = line.rsplit(" ", 1)[-1].split(",")
+            return next((o.split("=", 1)[1] for o in opts if o.startswith("upperdir=")), None)
+    return None
+
+
+def _criu_error(work: Path) -> str:
+    try:
+        lines = (work / "dump.log").read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    errors = [ln.strip() for ln in lines if "Error (" in ln]
+    return errors[0] if errors else ""

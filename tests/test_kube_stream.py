@@ -1,0 +1,80 @@
+"""Streamed migrations on upstream Kubernetes (``transport: stream``): the copy's pod waits on the
+target before the freeze, the source's agent checkpoints with runc and its pages go straight into
+the copy over the agents' sealed relay; and when the dump fails, the waiting copy goes and the
+source serves on with its state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from podmigrate.kube.cluster import KubeCluster
+
+from .conftest import wait_for
+from .kube_helpers import NS, final, get, kept, leftovers, migrate, plm, serving
+from .test_kube_faults import rolled_back
+
+pytestmark = pytest.mark.lab
+
+RESTORE_DIR = "/var/lib/podmigrate/restore"
+
+
+@pytest.fixture
+def cluster(installed: KubeCluster) -> KubeCluster:
+    return installed
+
+
+def unpacked(kube: KubeCluster) -> dict[str, list[str]]:
+    """Checkpoints left in each node's restore directory (process memory: nothing may stay)."""
+    return {n: kube.lab.run(n, ["sh", "-c", f"ls {RESTORE_DIR} 2>/dev/null || true"]).stdout.split()
+            for n in kube.lab.nodes}  # fmt: skip
+
+
+def streamed(name: str, pod: str) -> dict[str, Any]:
+    body = plm(name, {"mode": "stop-copy", "transport": "stream"})
+    body["spec"]["podName"] = pod
+    return body
+
+
+def test_a_streamed_stop_copy_moves_the_pod_into_a_copy_that_waited_for_it(
+    cluster: KubeCluster, example: dict[str, Any]
+) -> None:
+    pod, before = serving(cluster)
+    name = pod["metadata"]["name"]
+    st = final(cluster, migrate(cluster, streamed("streamed", name)))
+    assert st["phase"] == "Completed", st.get("message")
+    assert st["transport"] == "stream" and st["restorePath"] == "runtimeclass"
+    rec = st["record"]
+    # the copy existed and waited before the source was touched: its phase ran first, the pod was made in it
+    order = [p["name"] for p in rec["phases"]]
+    assert order[:4] == ["validate", "page-server", "isolate", "checkpoint"], order
+    # the first container's pages went through its page server; the sidecar's came whole beside it
+    assert rec["stream"]["server"]["pages_bytes"] > 64 << 20
+    assert rec["stream"]["sidecar"]["pages_bytes"] == 0 and rec["stream"]["sidecar"]["rest_bytes"] > 0
+    copy, after = serving(cluster)
+    assert copy["metadata"]["name"] == st["restoredPod"]["name"] and copy["spec"]["nodeName"] != pod["spec"]["nodeName"]
+    assert copy["spec"]["runtimeClassName"] == "podmigrate"
+    kept(before, after)
+    wait_for(lambda: not get(cluster, "pods", "-n", NS, "--field-selector", f"metadata.name={name}")["items"], 60,
+             "the source pod to be gone")  # fmt: skip
+    wait_for(lambda: unpacked(cluster) == {n: [] for n in cluster.lab.nodes}, 60, "no checkpoint left unpacked")
+    assert leftovers(cluster) == {n: [] for n in cluster.lab.nodes}
+
+
+def test_a_streamed_checkpoint_that_fails_takes_the_waiting_copy_away(
+    cluster: KubeCluster, example: dict[str, Any]
+) -> None:
+    """The sidecar holds a 3 MB file it deleted (over CRIU's ghost limit): runc's dump of it fails
+    after the server's pages went into the copy, which is waiting to restore them."""
+    pod, before = serving(cluster)
+    ghost = "head -c 3000000 /dev/urandom >/tmp/g && (exec 3</tmp/g; rm /tmp/g; exec sleep 100000) >/dev/null 2>&1 &"
+    cluster.kubectl(["exec", "-n", NS, pod["metadata"]["name"], "-c", "sidecar", "--", "sh", "-c", ghost])
+    st = rolled_back(
+        cluster, migrate(cluster, streamed("streamed-ghost", pod["metadata"]["name"])), pod, before, "checkpoint"
+    )
+    assert "runc checkpoint of sidecar failed" in st["message"], st["message"]
+    restored = st["record"]["restored"]
+    wait_for(lambda: not get(cluster, "pods", "-n", NS, "--field-selector", f"metadata.name={restored}")["items"], 60,
+             "the waiting copy to be gone")  # fmt: skip
+    wait_for(lambda: unpacked(cluster) == {n: [] for n in cluster.lab.nodes}, 60, "no checkpoint left unpacked")
