@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -87,6 +88,25 @@ def test_a_streamed_copy_serves_its_pages_waits_for_the_rest_and_then_restores(n
     assert (src / "checkpoint" / "pages-1.img").read_bytes() == pages
     argv = (node["tmp"] / "runc.argv").read_text().split()
     assert argv[2:5] == ["restore", "--detach", "--no-subreaper"] and f"{src}/checkpoint" in argv
+    # its checkpoint deleted after the migration, the container restarted: fresh, never a failure
+    shutil.rmtree(src)
+    assert waiting_create(node, src).wait(30) == 0
+    assert (node["tmp"] / "runc.argv").read_text().splitlines()[-1].split()[2] == "create"
+
+
+def test_the_sandbox_of_a_restored_pod_is_created_by_plain_runc(node):
+    """The pause container gets the pod's annotations too; it has no container name."""
+    (node["bundle"] / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}, "annotations": {
+        "io.kubernetes.cri.container-type": "sandbox", "io.kubernetes.cri.sandbox-id": "sb1",
+        "io.podmigrate.restore": "server"}}))  # fmt: skip
+    script = (
+        "import sys, pathlib; import podmigrate.runtime.runc_restore as r; "
+        f"r.CONFIG = pathlib.Path({str(node['conf'])!r}); sys.exit(r.main(sys.argv[1:]))"
+    )
+    p = subprocess.run([sys.executable, "-c", script, "create", "--bundle", str(node["bundle"]), "sb1"],
+                       capture_output=True, text=True)  # fmt: skip
+    assert p.returncode == 0, p.stderr
+    assert (node["tmp"] / "runc.argv").read_text().split()[0] == "create"
 
 
 def test_an_aborted_streamed_restore_fails_at_once_and_never_starts_fresh(node):
@@ -203,3 +223,15 @@ def test_a_container_is_found_by_its_cgroup_and_its_shim_by_its_parent(tmp_path)
         container_pids("ef" * 32, tmp_path)
     with pytest.raises(UsageError):
         container_pids("../../etc", tmp_path)
+
+
+def test_a_memory_reservation_stays_inside_the_agents_own_limit(tmp_path):
+    from podmigrate.agent.memory import _cgroup_room
+
+    assert _cgroup_room(tmp_path) > 1 << 50  # no memory controller here: no bound from the cgroup
+    (tmp_path / "memory.max").write_text("max\n")
+    (tmp_path / "memory.current").write_text("1000\n")
+    assert _cgroup_room(tmp_path) > 1 << 50
+    (tmp_path / "memory.max").write_text(str(512 << 20))
+    (tmp_path / "memory.current").write_text(str(100 << 20))
+    assert _cgroup_room(tmp_path) == (512 - 100 - 64) << 20

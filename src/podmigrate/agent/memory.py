@@ -10,10 +10,24 @@ import mmap
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from podmigrate.agent.http import App, safe_id
 from podmigrate.errors import UsageError
+
+
+def _cgroup_room(cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """What this process's own memory limit leaves (an agent pod's ``limits.memory``): a reservation
+    over it would have the agent killed. No limit (or no memory controller): no bound from here."""
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        used = int((cgroup / "memory.current").read_text())
+    except (OSError, ValueError):
+        return 1 << 62
+    if limit == "max":
+        return 1 << 62
+    return max(0, int(limit) - used - (64 << 20))  # headroom for the agent itself
 
 
 class Reservations:
@@ -42,7 +56,7 @@ class Reservations:
 
     def reserve_memory(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         cid, n = safe_id(p["cid"]), int(b["bytes"])
-        cap = os.sysconf("SC_PHYS_PAGES") * mmap.PAGESIZE // 2
+        cap = min(os.sysconf("SC_PHYS_PAGES") * mmap.PAGESIZE // 2, _cgroup_room())
         t0 = time.time()
         self.release(cid)
         with self._guard:  # all reservations together: many migrations at once must not take the node's RAM
@@ -50,7 +64,7 @@ class Reservations:
         if n <= 0 or held + n > cap:
             raise UsageError(
                 f"will not reserve {n} bytes: {held} are reserved for other migrations, and all together may "
-                f"take at most half of this machine's memory ({cap})",
+                f"take at most half of this machine's memory and what the agent's own memory limit leaves ({cap})",
                 hint="the target is busy with other migrations: wait for them, or pick another node",
             )
         m = mmap.mmap(-1, n, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)

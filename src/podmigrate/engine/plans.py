@@ -20,8 +20,8 @@ docs/architecture.md, equal to the code.
 | kubernetes | decoupled | registry | validate, checkpoint, package, restore, cutover, cleanup | cutover | runs on |
 | kubernetes | stop-copy | registry | validate, isolate, checkpoint, package, restore, cutover, cleanup | cutover | runs on |
 | kubernetes | cold | none | validate, isolate, stop, restore, cutover, cleanup | cutover | runs on |
-| kubernetes | decoupled | stream | validate, page-server, checkpoint, restore, cutover, cleanup | cutover | runs on |
-| kubernetes | stop-copy | stream | validate, page-server, isolate, checkpoint, restore, cutover, cleanup | cutover | runs on |
+| kubernetes | decoupled | stream | validate, page-server, checkpoint, restore, cutover, cleanup | cutover | rolls back |
+| kubernetes | stop-copy | stream | validate, page-server, isolate, checkpoint, restore, cutover, cleanup | cutover | rolls back |
 <!-- /plan-table -->
 
 Once the phase a row names under "committed after" has succeeded, the target holds the workload:
@@ -29,7 +29,8 @@ nothing is undone any more, and a failure or a crash from there on is finished f
 a failure undoes every phase that started, newest first. What a controller does with a migration
 that a dead one left half-way is the row's resume policy: the lab rolls it back (a frozen or
 network-locked source must not wait for a person), the Kubernetes operator runs it on from the
-phase that was running (its phases are idempotent, and a restarted operator comes back at once).
+phase that was running (its phases are idempotent, and a restarted operator comes back at once),
+except a streamed one, which it rolls back (the copy's page server served its one dump).
 """
 
 from __future__ import annotations
@@ -138,12 +139,13 @@ PLANS: dict[tuple[str, str, str], Row] = {
         (P.VALIDATE, P.ISOLATE, P.STOP, P.RESTORE, P.CUTOVER, P.CLEANUP), P.CUTOVER, _K8S
     ),
     # the copy's pod waits on the target (page-server) before the source is touched; its pages come
-    # during the dump, the rest right after, and its waiting create restores
+    # during the dump, the rest right after, and its waiting create restores. Rolled back, not run on,
+    # when its operator died: the waiting page server took its one connection, no new dump can use it
     ("kubernetes", "decoupled", "stream"): Row(
-        (P.VALIDATE, P.PAGE_SERVER, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.CLEANUP), P.CUTOVER, _K8S
+        (P.VALIDATE, P.PAGE_SERVER, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.CLEANUP), P.CUTOVER, _LAB
     ),
     ("kubernetes", "stop-copy", "stream"): Row(
-        (P.VALIDATE, P.PAGE_SERVER, P.ISOLATE, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.CLEANUP), P.CUTOVER, _K8S
+        (P.VALIDATE, P.PAGE_SERVER, P.ISOLATE, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.CLEANUP), P.CUTOVER, _LAB
     ),
 }
 

@@ -242,7 +242,13 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
     spec: dict[str, Any] = json.loads((bundle / "config.json").read_text())
     annotations: dict[str, str] = spec.get("annotations") or {}
     name = annotations.get("io.kubernetes.cri.container-name", "")
-    streamed = name in [c.strip() for c in annotations.get(PREFIX + "stream", "").split(",")]
+    sandbox = annotations.get("io.kubernetes.cri.sandbox-id", "")
+    once = state / "once" / f"{sandbox}.{name}"
+    if name and once.exists():  # before anything else: its checkpoint directory is gone by now
+        note(state, f"{cid}: {name} was restored in this sandbox already; a restart starts fresh")
+        os.execv(cfg["runc"], [cfg["runc"], *argv])
+    sandboxed = annotations.get("io.kubernetes.cri.container-type") == "sandbox"
+    streamed = bool(name) and not sandboxed and name in annotations.get(PREFIX + "stream", "").split(",")
     if streamed:
         try:
             wait = float(annotations.get(PREFIX + "wait-seconds", "90"))
@@ -258,11 +264,6 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
         src = restore_source(annotations, Path(cfg["restore_dir"]))
     except Refused as e:
         fail(glob, state, str(e))
-    sandbox = annotations.get("io.kubernetes.cri.sandbox-id", "")
-    once = state / "once" / f"{sandbox}.{annotations.get('io.kubernetes.cri.container-name', '')}"
-    if src is not None and once.exists():
-        note(state, f"{cid}: {src} was restored in this sandbox already; a restart starts fresh")
-        src = None
     if src is None:
         os.execv(cfg["runc"], [cfg["runc"], *argv])
     try:
