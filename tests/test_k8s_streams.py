@@ -28,10 +28,14 @@ from podmigrate.transport.pagerelay import SourceRelay
 
 from .test_restore_paths import CTR
 
-# a stand-in for `criu page-server -D DIR --port P ...`: takes one connection, keeps what it sent
+# a stand-in for `criu page-server -D DIR --port P ...`: takes one connection, keeps what it sent;
+# and for `criu lazy-pages ... -W WORK`: says it is ready (its socket) and ends
 FAKE_CRIU = r"""#!{python}
-import socket, sys
+import pathlib, socket, sys
 args = sys.argv[1:]
+if args[0] == "lazy-pages":
+    pathlib.Path(args[args.index("-W") + 1], "lazy-pages.socket").touch()
+    sys.exit(0)
 images, port = args[args.index("-D") + 1], int(args[args.index("--port") + 1])
 srv = socket.create_server(("127.0.0.1", port))
 conn, _ = srv.accept()
@@ -58,9 +62,11 @@ def node(tmp_path: Path) -> dict[str, Path]:
     return {"tmp": tmp_path, "restore": restore, "conf": conf, "bundle": tmp_path / "bundle"}
 
 
-def waiting_create(node: dict[str, Path], src: Path, wait: str = "60") -> subprocess.Popen[str]:
+def waiting_create(node: dict[str, Path], src: Path, wait: str = "60", lazy: bool = False) -> subprocess.Popen[str]:
     ann = {**CTR, "io.podmigrate.restore": "server", "io.podmigrate.stream": "server",
            "io.podmigrate.restore-from.server": str(src), "io.podmigrate.wait-seconds": wait}  # fmt: skip
+    if lazy:
+        ann["io.podmigrate.lazy"] = "server"
     (node["bundle"] / "config.json").write_text(json.dumps({"root": {"path": "rootfs"}, "annotations": ann}))
     script = (
         "import sys, pathlib; import podmigrate.runtime.runc_restore as r; "
@@ -107,6 +113,22 @@ def test_the_sandbox_of_a_restored_pod_is_created_by_plain_runc(node):
                        capture_output=True, text=True)  # fmt: skip
     assert p.returncode == 0, p.stderr
     assert (node["tmp"] / "runc.argv").read_text().split()[0] == "create"
+
+
+def test_a_lazy_copy_waits_without_a_page_server_and_restores_with_its_daemon(node):
+    src = node["restore"] / "m1" / "server"
+    (src / "checkpoint").mkdir(parents=True)
+    create = waiting_create(node, src, lazy=True)
+    got = poll(lambda: json.loads((src / "page-server.json").read_text())
+               if (src / "page-server.json").exists() else None, 30, "the copy waiting")  # fmt: skip
+    assert got == {"port": None, "lazy": True}  # the pages stay with the source until asked for
+    (src / "lazy.json").write_text(json.dumps({"port": 1}))
+    (src / "checkpoint" / "descriptors.json").write_text("[]")
+    (src / VERIFIED).write_text("{}")
+    assert create.wait(30) == 0, create.stderr.read() if create.stderr else ""
+    assert (src / "lazy-daemon.pid").read_text().isdigit()  # for the agent's fault waker
+    argv = (node["tmp"] / "runc.argv").read_text().split()
+    assert argv[2] == "restore" and "--lazy-pages" in argv and "--auto-dedup" not in argv
 
 
 def test_an_aborted_streamed_restore_fails_at_once_and_never_starts_fresh(node):

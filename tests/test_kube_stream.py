@@ -78,3 +78,23 @@ def test_a_streamed_checkpoint_that_fails_takes_the_waiting_copy_away(
     wait_for(lambda: not get(cluster, "pods", "-n", NS, "--field-selector", f"metadata.name={restored}")["items"], 60,
              "the waiting copy to be gone")  # fmt: skip
     wait_for(lambda: unpacked(cluster) == {n: [] for n in cluster.lab.nodes}, 60, "no checkpoint left unpacked")
+
+
+def test_a_lazy_migration_serves_from_the_copy_before_its_memory_has_moved(
+    cluster: KubeCluster, example: dict[str, Any]
+) -> None:
+    pod, before = serving(cluster)
+    body = plm("lazy", {"mode": "lazy"})
+    body["spec"]["podName"] = pod["metadata"]["name"]
+    st = final(cluster, migrate(cluster, body))
+    assert st["phase"] == "Completed", st.get("message")
+    assert st["transport"] == "stream"
+    rec = st["record"]
+    assert [p["name"] for p in rec["phases"]][-3:] == ["cutover", "pages", "cleanup"]
+    server = rec["stream"]["server"]
+    # the heap came after the copy ran: through the source's CRIU, not in the checkpoint's rest
+    assert server["lazy"] and server["pages_bytes"] > 64 << 20 and server["rest_bytes"] < 16 << 20
+    copy, after = serving(cluster)
+    assert copy["metadata"]["name"] == st["restoredPod"]["name"] and copy["spec"]["nodeName"] != pod["spec"]["nodeName"]
+    kept(before, after)
+    wait_for(lambda: unpacked(cluster) == {n: [] for n in cluster.lab.nodes}, 60, "no checkpoint left unpacked")

@@ -36,7 +36,10 @@ from podmigrate.workload import manage
 Report = Callable[[str], None]
 PHASES = ("validate", "isolate", "checkpoint", "package", "restore", "cutover", "cleanup")
 # stream: stop-copy with the agents' runc checkpoint, pages into the waiting copy (k8s.stream_phases)
-KUBE_METHODS = ("decoupled/cri", "decoupled/runtimeclass", "stop-copy/cri", "stop-copy/runtimeclass", "stream", "cold")
+# lazy: post-copy through the same waiting copy (k8s.streams_lazy)
+KUBE_METHODS = (
+    "decoupled/cri", "decoupled/runtimeclass", "stop-copy/cri", "stop-copy/runtimeclass", "stream", "lazy", "cold"
+)  # fmt: skip
 METHODS = (*KUBE_METHODS, *k8s_targets.ENGINE)
 CUTOVER_WINDOW_S = 1.0  # failed probes from this long before the Service switch count as at the cutover
 NS = "default"

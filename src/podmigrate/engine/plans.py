@@ -22,6 +22,7 @@ docs/architecture.md, equal to the code.
 | kubernetes | cold | none | validate, isolate, stop, restore, cutover, cleanup | cutover | runs on |
 | kubernetes | decoupled | stream | validate, page-server, checkpoint, restore, cutover, cleanup | cutover | rolls back |
 | kubernetes | stop-copy | stream | validate, page-server, isolate, checkpoint, restore, cutover, cleanup | cutover | rolls back |
+| kubernetes | lazy | stream | validate, page-server, isolate, checkpoint, restore, cutover, pages, cleanup | cutover | rolls back |
 <!-- /plan-table -->
 
 Once the phase a row names under "committed after" has succeeded, the target holds the workload:
@@ -146,6 +147,13 @@ PLANS: dict[tuple[str, str, str], Row] = {
     ),
     ("kubernetes", "stop-copy", "stream"): Row(
         (P.VALIDATE, P.PAGE_SERVER, P.ISOLATE, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.CLEANUP), P.CUTOVER, _LAB
+    ),
+    # post-copy: until the cutover no request reached the copy and the source, frozen, still holds
+    # all its memory (its CRIU serves from it): killing the dump and thawing it is a rollback
+    ("kubernetes", "lazy", "stream"): Row(
+        (P.VALIDATE, P.PAGE_SERVER, P.ISOLATE, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.PAGES, P.CLEANUP),
+        P.CUTOVER,
+        _LAB,
     ),
 }
 

@@ -30,6 +30,8 @@ class Config:
     # while the Service has no ready pod (isolate's wait, the copy becoming Ready): every poll interval
     # there is blackout a client sees, so these few seconds poll the API server 20 times a second
     blackout_poll_s: float = 0.05
+    # where no kube-proxy healthz answers: how long the Services proxies are given to follow (k8s.proxies)
+    drain_s: float = 2.0
     allowed_registries: tuple[str, ...] = ()  # empty: only ``registry``
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     # mutual TLS to the agents: the CA that signed their certificates, and the operator's own

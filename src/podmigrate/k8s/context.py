@@ -47,6 +47,8 @@ class K8sRecord(RunRecord, total=False):
     stream_ports: dict[str, Any]  # stream: container -> the target relays' address and ports
     stream: dict[str, Any]  # stream: container -> dump seconds, bytes of pages and of the rest
     target_memory: dict[str, Any]  # stream: the memory warmed on the target before the freeze
+    proxies: dict[str, Any]  # isolate: how long the nodes' kube-proxies took to follow (k8s.proxies)
+    proxy_marks: dict[str, str]  # decoupled: each kube-proxy's time at the cutover, for the drain
     cutover_at: float
     blackout_s: float
     drift_s: float

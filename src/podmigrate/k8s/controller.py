@@ -44,6 +44,7 @@ PUBLIC_PHASE = {
     "package": "Transferring",
     "restore": "Restoring",
     "cutover": "CuttingOver",
+    "pages": "CuttingOver",  # lazy: the copy serves, its memory still arriving
     "cleanup": "CuttingOver",
 }
 # who runs a migration: a container restart keeps the hostname and PID 1, so a random token per process
@@ -77,7 +78,8 @@ class K8sRunner(Runner[Ctx]):
 
     def row(self) -> plans.Row:
         mode = self.ctx.spec.get("mode", "decoupled")
-        return plans.row("kubernetes", mode, "none" if mode == "cold" else self.ctx.spec.get("transport", "registry"))
+        transport = "none" if mode == "cold" else "stream" if mode == "lazy" else self.ctx.spec.get("transport")
+        return plans.row("kubernetes", mode, transport or "registry")
 
     def implementations(self) -> Mapping[PhaseName, Phase[Ctx]]:
         return PHASES

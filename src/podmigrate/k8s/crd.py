@@ -22,7 +22,7 @@ SINGULAR = "podlivemigration"
 SHORT_NAMES = ["plm"]
 API_VERSION = f"{GROUP}/{VERSION}"
 
-MODES = ("decoupled", "stop-copy", "cold")
+MODES = ("decoupled", "stop-copy", "lazy", "cold")
 PHASES = ("Pending", "Checkpointing", "Transferring", "Restoring", "CuttingOver", "Completed", "Failed", "RolledBack")
 TERMINAL = ("Completed", "Failed", "RolledBack")
 _DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
@@ -64,7 +64,8 @@ SPEC_SCHEMA: dict[str, Any] = {
             "default": "decoupled",
             "description": "decoupled: the source serves until the copy is ready (the study's Mode A); "
             "stop-copy: the source leaves the Service before its checkpoint, so no request reaches a copy "
-            "that will be discarded (Mode B); cold: a fresh pod from the original images, state lost (the "
+            "that will be discarded (Mode B); lazy: post-copy, the copy runs before its memory has moved and "
+            "the pages follow (transport stream); cold: a fresh pod from the original images, state lost (the "
             "baseline).",
         },
         "transport": {
@@ -255,6 +256,8 @@ def validate_spec(spec: Any) -> dict[str, Any]:
         raise SpecError("spec.containers: a container is listed twice")
     if out["mode"] == "cold" and names:
         raise SpecError("spec.containers: a cold restart checkpoints nothing; leave containers out")
+    if out["mode"] == "lazy":  # its pages move as the copy runs: always streamed (registry is only the default)
+        out["transport"] = "stream"
     if out["transport"] == "stream" and out["mode"] == "cold":
         raise SpecError("spec.transport: a cold restart moves no checkpoint; stream needs decoupled or stop-copy")
     if out["transport"] == "stream" and out["restorePath"] == "cri":

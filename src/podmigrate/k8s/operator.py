@@ -71,6 +71,7 @@ def config() -> controller.Config:
         agent_token=env.get("PODMIGRATE_AGENT_TOKEN", ""),
         poll_s=float(env.get("PODMIGRATE_POLL_S", controller.Config.poll_s)),
         blackout_poll_s=float(env.get("PODMIGRATE_BLACKOUT_POLL_S", controller.Config.blackout_poll_s)),
+        drain_s=float(env.get("PODMIGRATE_DRAIN_S", controller.Config.drain_s)),
         allowed_registries=parse_list(env.get(REGISTRIES_ENV)),
         namespaces=parse_list(env.get(NAMESPACES_ENV)),
         agent_ca=env.get("PODMIGRATE_AGENT_CA", ""),

@@ -25,6 +25,7 @@ from podmigrate.k8s.runtimes import RUNTIME_CLASS
 
 STREAM = "io.podmigrate.stream"  # runtime.runc_restore reads these
 WAIT = "io.podmigrate.wait-seconds"
+LAZY = "io.podmigrate.lazy"
 # under the kubelet's 2-minute runtime request timeout: past it the kubelet would start the container again
 WAIT_S = 110
 MIN_RESERVE = 32 << 20
@@ -52,7 +53,11 @@ def page_server(ctx: Ctx) -> None:
     if ctx.api.get(k.pods(ctx.ns, rec["restored"])) is None:
         ctx.api.create(k.pods(ctx.ns), _copy(ctx))
     first = rec["containers"][0]
-    rec["stream_ports"] = {first: _listen(ctx, first)}  # returns once that container waits with its page server
+    # lazy: no page server in the copy (its pages are fetched as it runs), but it waits all the same
+    pages = {"pages": False, "wait": True} if ctx.spec["mode"] == "lazy" else {}
+    rec["stream_ports"] = {
+        first: _listen(ctx, first, **pages)
+    }  # returns once that container waits with its page server
 
 
 def _reserve(ctx: Ctx) -> None:
@@ -82,16 +87,18 @@ def _copy(ctx: Ctx) -> dict[str, Any]:
     pod["spec"]["runtimeClassName"] = RUNTIME_CLASS
     ann = pod["metadata"]["annotations"]
     ann["io.podmigrate.restore"] = ann[STREAM] = ",".join(rec["containers"])
+    if ctx.spec["mode"] == "lazy":  # the first container; the others come whole, as when streamed
+        ann[LAZY] = rec["containers"][0]
     ann[WAIT] = str(WAIT_S)
     for c, path in rec["restore_dirs"].items():
         ann[f"io.podmigrate.restore-from.{c}"] = path
     return pod
 
 
-def _listen(ctx: Ctx, container: str) -> dict[str, Any]:
+def _listen(ctx: Ctx, container: str, **extra: Any) -> dict[str, Any]:
     rec = ctx.rec
     body = {"checkpoint_id": rec["id"], "container": container, "peer": node_ip(ctx, rec["source"]),
-            "timeout": ctx.spec["timeouts"]["restoreSeconds"], **_seal(ctx)}  # fmt: skip
+            "timeout": ctx.spec["timeouts"]["restoreSeconds"], **_seal(ctx), **extra}  # fmt: skip
     return dict(ctx.agents.call(rec["target"], "/v1/streams/listen", body))
 
 
@@ -137,7 +144,11 @@ def checkpoint(ctx: Ctx) -> None:
                 body = {"checkpoint_id": rec["id"], "container": c, "peer": peer, "pages": False, **sealed}
                 listened = ctx.agents.call_apart(rec["target"], urls[rec["target"]], "/v1/streams/listen", body)
             assert listened is not None
+            if c == first and ctx.spec["mode"] == "lazy":
+                results[c] = lazy(c, listened)
+                return
             body = {"checkpoint_id": rec["id"], "container": c, "container_id": ids[c], "leave_running": True,
+                    "pause": ctx.spec["mode"] != "decoupled",
                     "target": listened["address"], "pages_port": listened.get("pages_port"),
                     "rest_port": listened["rest_port"], "timeout": ctx.spec["timeouts"]["checkpointSeconds"],
                     **sealed}  # fmt: skip
@@ -148,6 +159,16 @@ def checkpoint(ctx: Ctx) -> None:
                           "rest_bytes": out["rest_bytes"], "path": verified["path"]}  # fmt: skip
         except BaseException as e:  # re-raised in the phase's thread
             errors.append(e)
+
+    def lazy(c: str, listened: dict[str, Any]) -> dict[str, Any]:
+        body = {"checkpoint_id": rec["id"], "container": c, "container_id": ids[c], "target": listened["address"],
+                "rest_port": listened["rest_port"], "pause": True, **sealed}  # fmt: skip
+        out = ctx.agents.call_apart(rec["source"], urls[rec["source"]], "/v1/streams/lazy", body)
+        done = {"checkpoint_id": rec["id"], "container": c, "lazy": {"address": out["address"],
+                "port": out["lazy_port"]}, **sealed}  # fmt: skip
+        verified = ctx.agents.call_apart(rec["target"], urls[rec["target"]], "/v1/streams/verify", done)
+        return {"dump_s": round(out["seconds"], 3), "pages_bytes": 0, "rest_bytes": out["rest_bytes"],
+                "path": verified["path"], "lazy": True}  # fmt: skip
 
     threads = [threading.Thread(target=move, args=(c, None), daemon=True) for c in others]
     for t in threads:
@@ -164,7 +185,26 @@ def checkpoint(ctx: Ctx) -> None:
 
 def undo_checkpoint(ctx: Ctx) -> str:
     """The source was left running and its dump directory is gone with the request: only the waiting
-    copy needs telling (the page-server phase's undo deletes it)."""
+    copy needs telling (the page-server phase's undo deletes it). A lazy dump still serving is killed
+    and the source thawed."""
+    if ctx.spec["mode"] == "lazy":
+        ctx.agents.call(ctx.rec["source"], "/v1/streams/lazy/abort", {"checkpoint_id": ctx.rec["id"]})
+    if ctx.spec["mode"] != "decoupled":  # paused for its dump: the source serves on
+        ids = [i for c, i in _container_ids(ctx).items() if c in ctx.rec["containers"] and i]
+        ctx.agents.call(ctx.rec["source"], "/v1/streams/thaw", {"container_ids": ids})
     with contextlib.suppress(PodmigrateError):
         ctx.agents.call(ctx.rec["target"], "/v1/streams/abort", {"checkpoint_id": ctx.rec["id"]})
     return "aborted the streamed restore on the target"
+
+
+def pages(ctx: Ctx) -> None:
+    """Lazy: the copy serves; wait for the rest of its memory, then the source's CRIU ends."""
+    rec = ctx.rec
+    first = rec["containers"][0]
+    body = {"checkpoint_id": rec["id"], "container": first, "timeout": ctx.spec["timeouts"]["restoreSeconds"]}
+    out = ctx.agents.call(rec["source"], "/v1/streams/lazy/wait", body)
+    moved = int(out["bytes"])
+    rec["stream"][first]["pages_bytes"] = moved
+    rec["stream"][first]["pages_s"] = round(float(out["seconds"]), 3)
+    rec["stream"][first]["pages_mb_s"] = round(moved / 2**20 / max(float(out["seconds"]), 1e-6), 1)
+    rec["bytes"] = int(rec.get("bytes", 0)) + moved

@@ -41,6 +41,7 @@ from podmigrate.agent.http import App
 from podmigrate.agent.memory import Reservations
 from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
 from podmigrate.k8s.restores import VERIFIED, Restores, _unpack
+from podmigrate.k8s.streams_lazy import Lazy
 from podmigrate.transport.pagerelay import SourceRelay, TargetRelay
 
 _ID = re.compile(r"^[0-9a-f]{64}$")  # a containerd or CRI-O container id
@@ -141,15 +142,24 @@ class Streams:
     runc_root: str = "/run/containerd/runc/k8s.io"
     checkpoint: bool = False  # the source side: runc checkpoint (needs hostPID and privileges)
     _waiting: dict[tuple[str, str], Waiting] = field(default_factory=dict)
+    lazy: Lazy | None = None  # post-copy (k8s.streams_lazy), set by __post_init__
+
+    def __post_init__(self) -> None:
+        self.lazy = Lazy(self)
 
     def routes(self, app: App) -> None:
         app.route("POST", "/v1/streams")(lambda p, b: self.prepare(str(b["checkpoint_id"]), list(b["containers"])))
         app.route("POST", "/v1/streams/listen")(lambda p, b: self.listen(b))
-        app.route("POST", "/v1/streams/verify")(lambda p, b: self.verify(str(b["checkpoint_id"]), str(b["container"])))
+        app.route("POST", "/v1/streams/verify")(
+            lambda p, b: self.verify(str(b["checkpoint_id"]), str(b["container"]), b)
+        )
         app.route("POST", "/v1/streams/abort")(lambda p, b: self.abort(str(b["checkpoint_id"])))
         self.memory.register(app)
+        assert self.lazy is not None
+        self.lazy.routes(app)
         if self.checkpoint:
             app.route("POST", "/v1/streams/checkpoint")(lambda p, b: self.dump(b))
+            app.route("POST", "/v1/streams/thaw")(lambda p, b: self.thaw(b))
             app.route("POST", "/v1/streams/rss")(
                 lambda p, b: {"bytes": sum(rss(_checked(i)) for i in b["container_ids"])}
             )
@@ -170,7 +180,7 @@ class Streams:
         local, _ = self.restores._dir(cid, c)
         ready = local / "page-server.json"
         until = time.monotonic() + float(b.get("timeout", LISTEN_S))
-        while b.get("pages", True) and not ready.exists():
+        while b.get("wait", b.get("pages", True)) and not ready.exists():
             if (local / "abort").exists() or not local.exists():
                 raise UsageError(f"checkpoint {cid} of {c} was aborted before its copy waited")
             if time.monotonic() > until:
@@ -200,7 +210,9 @@ class Streams:
         self._waiting[(cid, c)] = w
         return {"pages_port": pages.port if pages else None, "rest_port": w.images.port, "address": self.address}
 
-    def verify(self, cid: str, c: str) -> dict[str, Any]:
+    def verify(self, cid: str, c: str, b: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The rest is in: the waiting create may restore. ``b["lazy"]``: ``{address, port}`` of the
+        source's relay, for a post-copy restore's daemon (``k8s.streams_lazy``)."""
         w = self._waiting.pop((cid, c), None)
         if w is None:
             raise UsageError(f"no streamed checkpoint {cid} of {c} is waiting on this node")
@@ -218,6 +230,8 @@ class Streams:
             raise
         finally:
             (local / "rest.tar").unlink(missing_ok=True)
+        if b and b.get("lazy") and self.lazy is not None:
+            self.lazy.give(local, cid, c, str(b["seal"]), (str(b["lazy"]["address"]), int(b["lazy"]["port"])))
         info = {
             "stream": True,
             "pages_bytes": w.pages.bytes if w.pages else {},
@@ -273,6 +287,9 @@ class Streams:
         if b.get("leave_running", True):
             argv.append("--leave-running")
         t0 = time.time()
+        if b.get("pause"):  # stop-copy: after its dump the source stays frozen (CRIU restores the freezer's
+            # state): a request it took before its isolation is never answered from memory the copy lacks
+            self._runc(node, "pause", ctr)
         p = subprocess.run([*argv, ctr], capture_output=True, text=True, timeout=float(b.get("timeout", 600)))
         dumped = time.time()
         if p.returncode != 0:
@@ -292,6 +309,23 @@ class Streams:
         sent = self._send(cid, c, key, host, int(b["rest_port"]), lambda f: _pack(f, images, diff if upper else None))
         moved = pages.bytes["pages"] if pages else 0
         return {"seconds": dumped - t0, "total_seconds": time.time() - t0, "pages_bytes": moved, "rest_bytes": sent}
+
+    def _runc(self, node: list[str], *args: str) -> None:
+        p = subprocess.run([*node, self.runc, "--root", self.runc_root, *args], capture_output=True, text=True)
+        if p.returncode != 0:
+            raise RuntimeBackendError(f"runc {' '.join(args[:1])} of {args[-1][:12]} failed: {p.stderr.strip()[-300:]}")
+
+    def thaw(self, b: dict[str, Any]) -> dict[str, Any]:
+        """Undo a pause: the source serves on (a rollback). A container not paused is left alone."""
+        out = {}
+        for ctr in b["container_ids"]:
+            _pid, shim = container_pids(_checked(str(ctr)))
+            node = ["nsenter", "-t", str(shim), "-m", "--"]
+            p = subprocess.run(
+                [*node, self.runc, "--root", self.runc_root, "resume", ctr], capture_output=True, text=True
+            )
+            out[ctr] = p.returncode == 0
+        return {"thawed": out}
 
     @staticmethod
     def _send(cid: str, c: str, key: str, host: str, port: int, write: Callable[[BinaryIO], None]) -> int:

@@ -138,7 +138,7 @@ def proxy_config(paths: Paths, node: str, kubeconfig: Path) -> str:
             "udpStreamTimeout": "0s",
         },
         "metricsBindAddress": "127.0.0.1:10249",
-        "healthzBindAddress": "127.0.0.1:10256",
+        "healthzBindAddress": "0.0.0.0:10256",  # upstream's default: the operator asks it whether it followed
     }
     path = paths.host / "nodes" / node / "kube-proxy.json"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ the handler allow-lists them: ``pod_annotations = ["io.podmigrate.*"]``)::
     io.podmigrate.tcp-established          = "true"               optional: restore open connections
     io.podmigrate.stream                   = "server"             streamed: wait for the checkpoint here
     io.podmigrate.wait-seconds             = "90"                 how long a streamed restore waits
+    io.podmigrate.lazy                     = "server"             post-copy: its pages come as it runs
 
 The directory holds the checkpoint archive unpacked (``checkpoint/`` = CRIU's images, optionally
 ``rootfs-diff.tar``) and the agent's ``podmigrate-verified.json``, written only after the image's
@@ -176,12 +177,13 @@ def apply_rootfs_diff(src: Path, rootfs: Path) -> None:
         t.extractall(rootfs, filter="tar")
 
 
-def wait_for_stream(glob: list[str], state: Path, src: Path, wait: float, criu: str) -> None:
-    """Serve the dump's pages into ``src/checkpoint`` and wait for the agent to verify the rest."""
+def wait_for_stream(glob: list[str], state: Path, src: Path, wait: float, criu: str, lazy: bool = False) -> None:
+    """Serve the dump's pages into ``src/checkpoint`` and wait for the agent to verify the rest;
+    ``lazy``: no page server (the pages stay with the source until the copy asks), only the wait."""
     images = src / "checkpoint"
     images.mkdir(mode=0o700, parents=True, exist_ok=True)
     server = None
-    for _ in range(5):  # a port taken between choosing and binding it: choose again
+    for _ in range(0 if lazy else 5):  # a port taken between choosing and binding it: choose again
         with socket.socket() as probe:
             probe.bind(("127.0.0.1", 0))
             port = probe.getsockname()[1]
@@ -198,20 +200,23 @@ def wait_for_stream(glob: list[str], state: Path, src: Path, wait: float, criu: 
         server.kill()
         server.wait()
         server = None
-    if server is None:
+    if server is None and not lazy:
         fail(glob, state, f"criu page-server did not start for {src}: {_tail(images / 'page-server.log')}")
     tmp = src / "page-server.json.tmp"
-    tmp.write_text(json.dumps({"port": port, "pid": server.pid}))
+    tmp.write_text(json.dumps({"port": port, "pid": server.pid} if server else {"port": None, "lazy": True}))
     tmp.chmod(0o600)
     tmp.rename(src / "page-server.json")  # the agent reads it whole or not at all
     until = time.monotonic() + wait
     while not (src / VERIFIED).is_file():
         if (src / "abort").exists() or time.monotonic() > until:
-            server.kill()
-            server.wait()
+            if server is not None:
+                server.kill()
+                server.wait()
             why = "the migration was rolled back" if (src / "abort").exists() else f"nothing came in {wait:.0f} s"
             fail(glob, state, f"streamed restore from {src} did not happen: {why}")
         time.sleep(0.005)
+    if server is None:
+        return
     try:
         server.wait(timeout=10)  # it ends when the dump's connection closes, before the agent verifies
     except subprocess.TimeoutExpired:
@@ -219,6 +224,24 @@ def wait_for_stream(glob: list[str], state: Path, src: Path, wait: float, criu: 
         fail(glob, state, f"criu page-server for {src} did not finish: {_tail(images / 'page-server.log')}")
     if server.returncode != 0:
         fail(glob, state, f"criu page-server for {src} failed: {_tail(images / 'page-server.log')}")
+
+
+def lazy_daemon(glob: list[str], state: Path, src: Path, work: Path, criu: str) -> None:
+    """``criu lazy-pages`` for a post-copy restore, fetching from the source through the agent's relay
+    (its port in ``lazy.json``); it outlives this process and ends when every page has moved."""
+    port = int(json.loads((src / "lazy.json").read_text())["port"])
+    daemon = subprocess.Popen(
+        [criu, "lazy-pages", "--page-server", "--address", "127.0.0.1", "--port", str(port), "-D",
+         str(src / "checkpoint"), "-W", str(work), "-o", "lazy-pages.log", "-v2"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    (src / "lazy-daemon.pid").write_text(str(daemon.pid))  # the agent wakes the faults it drops (runtime.uffd)
+    until = time.monotonic() + 30
+    while not (work / "lazy-pages.socket").exists():
+        if daemon.poll() is not None or time.monotonic() > until:
+            daemon.kill()
+            fail(glob, state, f"criu lazy-pages did not start for {src}: {_tail(work / 'lazy-pages.log')}")
+        time.sleep(0.005)
 
 
 def _listening(port: int) -> bool:
@@ -249,6 +272,7 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
         os.execv(cfg["runc"], [cfg["runc"], *argv])
     sandboxed = annotations.get("io.kubernetes.cri.container-type") == "sandbox"
     streamed = bool(name) and not sandboxed and name in annotations.get(PREFIX + "stream", "").split(",")
+    lazy = streamed and name in annotations.get(PREFIX + "lazy", "").split(",")
     if streamed:
         try:
             wait = float(annotations.get(PREFIX + "wait-seconds", "90"))
@@ -259,7 +283,7 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
         except Refused as e:
             fail(glob, state, str(e))
         if not (pending / VERIFIED).exists():
-            wait_for_stream(glob, state, pending, wait, cfg["criu"])
+            wait_for_stream(glob, state, pending, wait, cfg["criu"], lazy)
     try:
         src = restore_source(annotations, Path(cfg["restore_dir"]))
     except Refused as e:
@@ -272,6 +296,8 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
         fail(glob, state, f"applying {src}/rootfs-diff.tar: {e}")
     work = state / cid / "work"
     work.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if lazy:
+        lazy_daemon(glob, state, src, work, cfg["criu"])
     argv = [cfg["runc"], *glob, "restore", "--detach", "--no-subreaper", "--bundle", str(bundle),
             "--image-path", str(src / "checkpoint"), "--work-path", str(work)]  # fmt: skip
     for flag in ("--pid-file", "--console-socket"):
@@ -281,7 +307,9 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
         argv.append("--no-pivot")
     if annotations.get(PREFIX + "tcp-established") == "true":
         argv.append("--tcp-established")
-    if streamed:  # its images are this restore's alone: what is read is freed at once, for the heap
+    if lazy:
+        argv.append("--lazy-pages")
+    elif streamed:  # its images are this restore's alone: what is read is freed at once, for the heap
         argv.append("--auto-dedup")
     t0 = time.monotonic()
     rc = subprocess.run([*argv, cid]).returncode  # stdio inherited: runc hands the shim's pipes to CRIU

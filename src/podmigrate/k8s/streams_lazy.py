@@ -1,0 +1,195 @@
+"""Post-copy on Kubernetes (``mode: lazy``): the node agents' side, beside ``k8s.streams``.
+
+The source's agent starts ``runc checkpoint --lazy-pages``: CRIU dumps all but the memory, then serves
+the pages from the frozen source on a loopback port; the agent's relay (``transport.pagerelay``,
+sealed, only the target node let in) carries them between the nodes, and the rest of the checkpoint
+goes to the target as for a streamed one. The target's agent gives the waiting ``create`` the port of
+its end of the relay (``lazy.json``): it starts ``criu lazy-pages`` and restores with
+``--lazy-pages``; the copy runs before its memory has moved, faulting pages over, the rest following
+in the background. The agent wakes the faults CRIU's daemon drops (``runtime.uffd``). Once every page
+has moved the source's CRIU ends and runc kills the source's container. Routes::
+
+    POST /v1/streams/lazy             source: {checkpoint_id, container, container_id, target, rest_port,
+                                      seal} -> the relay port the target's daemon reaches, once serving
+    POST /v1/streams/lazy/wait        source: {checkpoint_id, container} -> every page moved, seconds, bytes
+    POST /v1/streams/lazy/abort       source: {checkpoint_id} -> the dump killed, the source thawed
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
+from podmigrate.runtime.uffd import FaultWaker
+from podmigrate.transport.pagerelay import SourceRelay, TargetRelay
+
+if TYPE_CHECKING:
+    from podmigrate.k8s.streams import Streams
+
+SERVING_S = 120.0  # until CRIU has dumped all but the memory and serves it
+
+
+@dataclass
+class Running:
+    proc: subprocess.Popen[bytes]
+    relay: TargetRelay
+    local: Path
+    node: list[str]
+    ctr: str
+    started: float
+    serving: float
+
+
+class _Pid:
+    """A process the agent did not start (the lazy-pages daemon, a child of the node's runtime), as
+    much of ``Popen`` as ``FaultWaker`` asks: whether it still runs."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+
+    def poll(self) -> int | None:
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                return 0 if f.read().rsplit(")", 1)[1].split()[0] == "Z" else None
+        except OSError:
+            return 0
+
+
+@dataclass
+class Lazy:
+    streams: Streams
+    _running: dict[tuple[str, str], Running] = field(default_factory=dict)
+    _wakers: list[FaultWaker] = field(default_factory=list)
+
+    def routes(self, app: Any) -> None:
+        if self.streams.checkpoint:
+            app.route("POST", "/v1/streams/lazy")(lambda p, b: self.dump(b))
+            app.route("POST", "/v1/streams/lazy/wait")(lambda p, b: self.wait(b))
+            app.route("POST", "/v1/streams/lazy/abort")(lambda p, b: self.abort(str(b["checkpoint_id"])))
+
+    # ------------------------------------------------------------------ source
+
+    def dump(self, b: dict[str, Any]) -> dict[str, Any]:
+        from podmigrate.k8s.streams import _pack, _upper_dir, container_pids
+
+        s = self.streams
+        cid, c, ctr = str(b["checkpoint_id"]), str(b["container"]), str(b["container_id"])
+        host, key = str(b["target"]), str(b["seal"])
+        local, there = s.restores._dir(f"out-{cid}", c)
+        shutil.rmtree(local, ignore_errors=True)
+        local.parent.mkdir(mode=0o700, exist_ok=True)
+        for d in ("checkpoint", "work"):
+            (local / d).mkdir(mode=0o700, parents=True)
+        _pid, shim = container_pids(ctr)
+        node = ["nsenter", "-t", str(shim), "-m", "--"]
+        port = _free_port()
+        r, w = os.pipe()
+        argv = [*node, s.runc, "--root", s.runc_root, "checkpoint", "--image-path", str(there / "checkpoint"),
+                "--work-path", str(there / "work"), "--lazy-pages", "--page-server", f"127.0.0.1:{port}",
+                "--status-fd", str(w), ctr]  # fmt: skip
+        t0 = time.time()
+        if b.get("pause"):  # frozen from here on: what it answers after its isolation is never lost
+            s._runc(node, "pause", ctr)
+        # its own process group: a dump that never serves is killed whole (nsenter, runc, CRIU)
+        proc = subprocess.Popen(argv, pass_fds=(w,), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+        os.close(w)
+        try:
+            ready, _, _ = select.select([r], [], [], SERVING_S)
+            if not ready or os.read(r, 1) != b"\0":
+                _kill(proc)
+                err = (proc.stderr.read() if proc.stderr else b"").decode(errors="replace").strip()[-300:]
+                raise RuntimeBackendError(f"lazy checkpoint of {c} did not start serving its pages: {err}")
+        finally:
+            os.close(r)
+        serving = time.time()
+        relay = TargetRelay(f"{cid}.{c}", key, s.address, port, 600.0, host)
+        self._running[(cid, c)] = Running(proc, relay, local, node, ctr, t0, serving)
+        diff = local / "work" / "rootfs-diff.tar"
+        upper = _upper_dir(node, ctr)
+        if upper:
+            tar = [*node, "tar", "--numeric-owner", "-C", upper, "-cf", str(there / "work" / diff.name), "."]
+            subprocess.run(tar, check=True, capture_output=True)
+        rest = diff if upper else None
+        sent = s._send(cid, c, key, host, int(b["rest_port"]), lambda f: _pack(f, local / "checkpoint", rest))
+        return {"seconds": serving - t0, "lazy_port": relay.port, "address": s.address, "pages_bytes": 0,
+                "rest_bytes": sent}  # fmt: skip
+
+    def wait(self, b: dict[str, Any]) -> dict[str, Any]:
+        cid, c = str(b["checkpoint_id"]), str(b["container"])
+        run = self._running.get((cid, c))
+        if run is None:
+            raise UsageError(f"no lazy checkpoint {cid} of {c} is serving on this node")
+        try:
+            rc = run.proc.wait(float(b.get("timeout", 600)))
+        except subprocess.TimeoutExpired:
+            raise TransportError(f"the pages of {c} did not all move in {b.get('timeout', 600)} s") from None
+        self._running.pop((cid, c), None)
+        run.relay.wait(10)
+        shutil.rmtree(run.local, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            run.local.parent.rmdir()
+        if rc != 0:
+            raise RuntimeBackendError(f"the lazy checkpoint of {c} ended with exit {rc}: its pages did not all move")
+        moved = run.relay.bytes["pages-answers"]
+        return {"seconds": time.time() - run.serving, "bytes": moved}
+
+    def abort(self, cid: str) -> dict[str, Any]:
+        """Before the copy runs: the dump killed, the source thawed (CRIU may have left it frozen)."""
+        aborted = []
+        for (c_id, c), run in list(self._running.items()):
+            if c_id != cid:
+                continue
+            _kill(run.proc)
+            run.relay.close()
+            subprocess.run([*run.node, self.streams.runc, "--root", self.streams.runc_root, "resume", run.ctr],
+                           capture_output=True)  # fmt: skip
+            shutil.rmtree(run.local, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                run.local.parent.rmdir()
+            del self._running[(c_id, c)]
+            aborted.append(c)
+        return {"aborted": aborted}
+
+    # ------------------------------------------------------------------ target
+
+    def give(self, local: Path, cid: str, c: str, key: str, source: tuple[str, int]) -> SourceRelay:
+        """The target's end: the waiting create's daemon connects here; once it runs, wake its dropped faults."""
+        relay = SourceRelay(f"{cid}.{c}", key, source, accept_seconds=120.0)
+        (local / "lazy.json").write_text(json.dumps({"port": relay.port}))
+        threading.Thread(target=self._wake, args=(local,), daemon=True).start()
+        return relay
+
+    def _wake(self, local: Path) -> None:
+        until = time.monotonic() + 60
+        while not (local / "lazy-daemon.pid").exists():
+            if time.monotonic() > until or (local / "abort").exists():
+                return
+            time.sleep(0.01)
+        waker = FaultWaker(_Pid(int((local / "lazy-daemon.pid").read_text())))  # type: ignore[arg-type]
+        self._wakers = [w for w in self._wakers if w.status()["running"]] + [waker.start()]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        return int(sk.getsockname()[1])
+
+
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
