@@ -56,3 +56,17 @@ def test_each_target_is_a_ratio_of_medians_in_one_run_and_a_missing_side_never_h
     assert (decoupled["runs"], decoupled["runs_with_failed_probes"], decoupled["holds"]) == (10, 1, False)
     text = "\n".join(k8s.markdown(k8s.summarize(rows)))
     assert "| Kubernetes stream <= 1.5x the engine's stop-copy/stream | 64 | 1.300 | 0.600 | 2.17 | 1.5 | NO |" in text
+
+
+def test_probes_in_flight_together_may_be_served_in_any_order_without_the_state_going_back() -> None:
+    from podmigrate.kube.prober import blackout, went_back
+
+    def s(t: float, dt: float, counter: int | None) -> dict[str, Any]:
+        return {"t": t, "dt": dt, "ok": counter is not None, **({"counter": counter} if counter is not None else {})}
+
+    overlapping = [s(0.00, 0.05, 10), s(0.02, 0.01, 9), s(0.04, 0.01, 11)]  # 9 was sent before 10 came back
+    assert went_back(overlapping) == []
+    back = [*overlapping, s(0.10, 0.01, 8)]  # sent after 10 and 11 came back: a real step back
+    assert went_back(back) == [(0.10, 11, 8)]
+    gap = [s(0.0, 0.01, 1), s(0.02, 1.0, None), s(0.04, 1.0, None), s(0.5, 0.01, 2)]
+    assert blackout(list(reversed(gap))) == {"seconds": 0.5, "failed": 2, "from": 0.0, "to": 0.5}

@@ -48,6 +48,7 @@ class K8sRecord(RunRecord, total=False):
     stream: dict[str, Any]  # stream: container -> dump seconds, bytes of pages and of the rest
     target_memory: dict[str, Any]  # stream: the memory warmed on the target before the freeze
     proxies: dict[str, Any]  # isolate: how long the nodes' kube-proxies took to follow (k8s.proxies)
+    source_ids: dict[str, str]  # stream: the source's container ids, for ending them after a pause
     proxy_marks: dict[str, str]  # decoupled: each kube-proxy's time at the cutover, for the drain
     cutover_at: float
     blackout_s: float

@@ -250,9 +250,11 @@ def cleanup(ctx: Ctx) -> None:
         steps.append(("let the Services' proxies leave the source", lambda: drain(ctx)))
     if ctx.spec["mode"] != "cold":
         steps.append(("delete source pod", lambda: ctx.api.delete(k.pods(ctx.ns, ctx.spec["podName"]))))
+    if rec.get("transport") == "stream" and ctx.spec["mode"] == "stop-copy":  # frozen since its dump
+        steps.append(("end the frozen source", lambda: stream_phases.end_source(ctx)))
     # with the source gone the Services' own selectors pick the copy alone: give them back unpinned
     steps.append(("restore the Services' selectors", lambda: set_selectors(ctx, None)))
-    if rec.get("references"):
+    if rec.get("references") and rec.get("transport") != "stream":  # a streamed one made neither
         steps.append(("delete checkpoint images", lambda: delete_images(ctx)))
         steps.append(("delete archives", lambda: undo_checkpoint(ctx)))
     if rec.get("restore_dirs"):  # the restored process runs from memory; a restart starts fresh anyway

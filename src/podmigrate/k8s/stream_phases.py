@@ -127,6 +127,7 @@ def checkpoint(ctx: Ctx) -> None:
     after the other once the first one runs: none of them waits for its own page server then."""
     rec = ctx.rec
     ids = _container_ids(ctx)
+    rec["source_ids"] = {c: ids.get(c, "") for c in rec["containers"]}
     if missing := [c for c in rec["containers"] if not ids.get(c)]:
         raise PodmigrateError(f"containers {missing} of {ctx.spec['podName']} report no container id: running?")
     first, *others = rec["containers"]
@@ -195,6 +196,13 @@ def undo_checkpoint(ctx: Ctx) -> str:
     with contextlib.suppress(PodmigrateError):
         ctx.agents.call(ctx.rec["target"], "/v1/streams/abort", {"checkpoint_id": ctx.rec["id"]})
     return "aborted the streamed restore on the target"
+
+
+def end_source(ctx: Ctx) -> None:
+    """Kill the paused source's containers once its pod is being deleted (a frozen process does not
+    act on SIGTERM: its memory would be held for the whole grace period)."""
+    ids = [i for c, i in (ctx.rec.get("source_ids") or {}).items() if i]
+    ctx.agents.call(ctx.rec["source"], "/v1/streams/kill", {"container_ids": ids})
 
 
 def pages(ctx: Ctx) -> None:

@@ -160,6 +160,9 @@ class Streams:
         if self.checkpoint:
             app.route("POST", "/v1/streams/checkpoint")(lambda p, b: self.dump(b))
             app.route("POST", "/v1/streams/thaw")(lambda p, b: self.thaw(b))
+            # a source frozen since its dump, once its pod is being deleted: SIGTERM waits for a thaw
+            # that never comes (the grace period, 30 s, with its memory held); SIGKILL ends it at once
+            app.route("POST", "/v1/streams/kill")(lambda p, b: self.thaw(b, ("kill", "KILL")))
             app.route("POST", "/v1/streams/rss")(
                 lambda p, b: {"bytes": sum(rss(_checked(i)) for i in b["container_ids"])}
             )
@@ -315,17 +318,20 @@ class Streams:
         if p.returncode != 0:
             raise RuntimeBackendError(f"runc {' '.join(args[:1])} of {args[-1][:12]} failed: {p.stderr.strip()[-300:]}")
 
-    def thaw(self, b: dict[str, Any]) -> dict[str, Any]:
+    def thaw(self, b: dict[str, Any], how: tuple[str, ...] = ("resume",)) -> dict[str, Any]:
         """Undo a pause: the source serves on (a rollback). A container not paused is left alone."""
         out = {}
         for ctr in b["container_ids"]:
-            _pid, shim = container_pids(_checked(str(ctr)))
+            try:
+                _pid, shim = container_pids(_checked(str(ctr)))
+            except RuntimeBackendError:
+                out[ctr] = False  # gone already
+                continue
             node = ["nsenter", "-t", str(shim), "-m", "--"]
-            p = subprocess.run(
-                [*node, self.runc, "--root", self.runc_root, "resume", ctr], capture_output=True, text=True
-            )
+            p = subprocess.run([*node, self.runc, "--root", self.runc_root, *how[:1], ctr, *how[1:]],
+                               capture_output=True, text=True)  # fmt: skip
             out[ctr] = p.returncode == 0
-        return {"thawed": out}
+        return {"done": out}
 
     @staticmethod
     def _send(cid: str, c: str, key: str, host: str, port: int, write: Callable[[BinaryIO], None]) -> int:

@@ -7,6 +7,7 @@ process's start time never changing)."""
 
 from __future__ import annotations
 
+import heapq
 import json
 import subprocess
 import threading
@@ -123,13 +124,19 @@ def blackout(samples: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def went_back(samples: list[dict[str, Any]], key: str = "counter") -> list[tuple[float, int, int]]:
-    """Each time an answer's ``key`` was below the highest answered before it: (time, highest, then)."""
+    """Each answer whose ``key`` was below one the client had already received when it sent this
+    probe: (time, highest received by then, then). Probes in flight together are served in any
+    order; only an answer that came back before the probe was sent can show the state going back."""
     out: list[tuple[float, int, int]] = []
     top: int | None = None
+    received: list[tuple[float, int]] = []  # (when it came back, its value), earliest first
     for s in sorted(samples, key=lambda s: float(s["t"])):
+        while received and received[0][0] <= s["t"]:
+            _, value = heapq.heappop(received)
+            top = value if top is None else max(top, value)
         if not s["ok"] or key not in s:
             continue
         if top is not None and s[key] < top:
             out.append((s["t"], top, s[key]))
-        top = s[key] if top is None else max(top, s[key])
+        heapq.heappush(received, (float(s["t"]) + float(s.get("dt", 0.0)), int(s[key])))
     return out
