@@ -334,7 +334,7 @@ class Streams:
         return {"done": out}
 
     @staticmethod
-    def _send(cid: str, c: str, key: str, host: str, port: int, write: Callable[[BinaryIO], None]) -> int:
+    def _send(cid: str, c: str, key: str, host: str, port: int, write: Callable[[BinaryIO], object]) -> int:
         relay = SourceRelay(f"{cid}.{c}.rest", key, (host, port))
         with socket.create_connection(("127.0.0.1", relay.port), timeout=30) as s:
             with s.makefile("wb") as f:
