@@ -191,8 +191,7 @@ def undo_checkpoint(ctx: Ctx) -> str:
     if ctx.spec["mode"] == "lazy":
         ctx.agents.call(ctx.rec["source"], "/v1/streams/lazy/abort", {"checkpoint_id": ctx.rec["id"]})
     if ctx.spec["mode"] != "decoupled":  # paused for its dump: the source serves on
-        ids = [i for c, i in _container_ids(ctx).items() if c in ctx.rec["containers"] and i]
-        ctx.agents.call(ctx.rec["source"], "/v1/streams/thaw", {"container_ids": ids})
+        ctx.agents.call(ctx.rec["source"], "/v1/streams/thaw", {"container_ids": _source_ids(ctx)})
     with contextlib.suppress(PodmigrateError):
         ctx.agents.call(ctx.rec["target"], "/v1/streams/abort", {"checkpoint_id": ctx.rec["id"]})
     return "aborted the streamed restore on the target"
@@ -201,8 +200,12 @@ def undo_checkpoint(ctx: Ctx) -> str:
 def end_source(ctx: Ctx) -> None:
     """Kill the paused source's containers once its pod is being deleted (a frozen process does not
     act on SIGTERM: its memory would be held for the whole grace period)."""
-    ids = [i for c, i in (ctx.rec.get("source_ids") or {}).items() if i]
-    ctx.agents.call(ctx.rec["source"], "/v1/streams/kill", {"container_ids": ids})
+    ctx.agents.call(ctx.rec["source"], "/v1/streams/kill", {"container_ids": _source_ids(ctx)})
+
+
+def _source_ids(ctx: Ctx) -> list[str]:
+    """The containers this migration paused (recorded at its checkpoint, whatever the pod says now)."""
+    return [i for i in (ctx.rec.get("source_ids") or {}).values() if i]
 
 
 def pages(ctx: Ctx) -> None:

@@ -142,7 +142,7 @@ class Streams:
     runc_root: str = "/run/containerd/runc/k8s.io"
     checkpoint: bool = False  # the source side: runc checkpoint (needs hostPID and privileges)
     _waiting: dict[tuple[str, str], Waiting] = field(default_factory=dict)
-    lazy: Lazy | None = None  # post-copy (k8s.streams_lazy), set by __post_init__
+    lazy: Lazy = field(init=False)  # post-copy (k8s.streams_lazy), on the same directories and relays
 
     def __post_init__(self) -> None:
         self.lazy = Lazy(self)
@@ -155,14 +155,14 @@ class Streams:
         )
         app.route("POST", "/v1/streams/abort")(lambda p, b: self.abort(str(b["checkpoint_id"])))
         self.memory.register(app)
-        assert self.lazy is not None
         self.lazy.routes(app)
         if self.checkpoint:
             app.route("POST", "/v1/streams/checkpoint")(lambda p, b: self.dump(b))
-            app.route("POST", "/v1/streams/thaw")(lambda p, b: self.thaw(b))
+            # undo a pause: the source serves on (a rollback)
+            app.route("POST", "/v1/streams/thaw")(lambda p, b: self._each(b["container_ids"], "resume"))
             # a source frozen since its dump, once its pod is being deleted: SIGTERM waits for a thaw
             # that never comes (the grace period, 30 s, with its memory held); SIGKILL ends it at once
-            app.route("POST", "/v1/streams/kill")(lambda p, b: self.thaw(b, ("kill", "KILL")))
+            app.route("POST", "/v1/streams/kill")(lambda p, b: self._each(b["container_ids"], "kill", "KILL"))
             app.route("POST", "/v1/streams/rss")(
                 lambda p, b: {"bytes": sum(rss(_checked(i)) for i in b["container_ids"])}
             )
@@ -233,7 +233,7 @@ class Streams:
             raise
         finally:
             (local / "rest.tar").unlink(missing_ok=True)
-        if b and b.get("lazy") and self.lazy is not None:
+        if b and b.get("lazy"):
             self.lazy.give(local, cid, c, str(b["seal"]), (str(b["lazy"]["address"]), int(b["lazy"]["port"])))
         info = {
             "stream": True,
@@ -264,24 +264,39 @@ class Streams:
     def dump(self, b: dict[str, Any]) -> dict[str, Any]:
         cid, c, ctr = str(b["checkpoint_id"]), str(b["container"]), str(b["container_id"])
         host, key = str(b["target"]), str(b["seal"])
-        local, there = self.restores._dir(f"out-{cid}", c)  # there: the same directory as the node sees it
+        local, there = self.out_dir(cid, c)
+        try:
+            return self._dump(cid, c, ctr, host, key, b, local, there)
+        finally:
+            self.drop_out_dir(local)  # pages never land here; the rest went to the target
+
+    def out_dir(self, cid: str, c: str) -> tuple[Path, Path]:
+        """A dump's directory on the source, made empty: (as the agent sees it, as the node sees it)."""
+        local, there = self.restores._dir(f"out-{cid}", c)
         shutil.rmtree(local, ignore_errors=True)
         local.parent.mkdir(mode=0o700, exist_ok=True)
         for d in ("checkpoint", "work"):
             (local / d).mkdir(mode=0o700, parents=True)
-        try:
-            return self._dump(cid, c, ctr, host, key, b, local, there)
-        finally:
-            shutil.rmtree(local, ignore_errors=True)  # pages never land here; the rest went to the target
-            with contextlib.suppress(OSError):  # the last of the migration's containers takes the directory
-                local.parent.rmdir()
+        return local, there
+
+    @staticmethod
+    def drop_out_dir(local: Path) -> None:
+        shutil.rmtree(local, ignore_errors=True)
+        with contextlib.suppress(OSError):  # the last of the migration's containers takes the directory
+            local.parent.rmdir()
+
+    @staticmethod
+    def node(ctr: str) -> list[str]:
+        """The prefix that runs a command in the node's mount namespace, entered through the shim of
+        container ``ctr`` (found by its cgroup)."""
+        _pid, shim = container_pids(ctr)
+        return ["nsenter", "-t", str(shim), "-m", "--"]
 
     def _dump(
         self, cid: str, c: str, ctr: str, host: str, key: str, b: dict[str, Any], local: Path, there: Path
     ) -> dict[str, Any]:
-        images, work = local / "checkpoint", local / "work"
-        _pid, shim = container_pids(ctr)
-        node = ["nsenter", "-t", str(shim), "-m", "--"]
+        work = local / "work"
+        node = self.node(ctr)
         pages = SourceRelay(f"{cid}.{c}", key, (host, int(b["pages_port"]))) if b.get("pages_port") else None
         argv = [*node, self.runc, "--root", self.runc_root, "checkpoint", "--image-path", str(there / "checkpoint"),
                 "--work-path", str(there / "work")]  # fmt: skip
@@ -304,33 +319,39 @@ class Streams:
             )
         if pages is not None and (not pages.wait(60) or pages.error):
             raise TransportError(f"the pages of {c} did not all reach the target: {pages.error or 'timed out'}")
-        diff = work / "rootfs-diff.tar"
-        upper = _upper_dir(node, ctr)
-        if upper:  # the container's writes to its root file system, as the kubelet's archive carries them
-            tar = [*node, "tar", "--numeric-owner", "-C", upper, "-cf", str(there / "work" / diff.name), "."]
-            subprocess.run(tar, check=True, capture_output=True)
-        sent = self._send(cid, c, key, host, int(b["rest_port"]), lambda f: _pack(f, images, diff if upper else None))
+        sent = self.send_rest(cid, c, key, (host, int(b["rest_port"])), node, ctr, local, there)
         moved = pages.bytes["pages"] if pages else 0
         return {"seconds": dumped - t0, "total_seconds": time.time() - t0, "pages_bytes": moved, "rest_bytes": sent}
 
-    def _runc(self, node: list[str], *args: str) -> None:
-        p = subprocess.run([*node, self.runc, "--root", self.runc_root, *args], capture_output=True, text=True)
-        if p.returncode != 0:
-            raise RuntimeBackendError(f"runc {' '.join(args[:1])} of {args[-1][:12]} failed: {p.stderr.strip()[-300:]}")
+    def send_rest(
+        self, cid: str, c: str, key: str, target: tuple[str, int], node: list[str], ctr: str, local: Path, there: Path
+    ) -> int:
+        """What CRIU wrote in the dump directory, with the container's writes to its root file system
+        (as the kubelet's archive carries them), to the target's rest channel; bytes sent."""
+        diff = local / "work" / "rootfs-diff.tar"
+        upper = _upper_dir(node, ctr)
+        if upper:
+            tar = [*node, "tar", "--numeric-owner", "-C", upper, "-cf", str(there / "work" / diff.name), "."]
+            subprocess.run(tar, check=True, capture_output=True)
+        rest = diff if upper else None
+        return self._send(cid, c, key, *target, lambda f: _pack(f, local / "checkpoint", rest))
 
-    def thaw(self, b: dict[str, Any], how: tuple[str, ...] = ("resume",)) -> dict[str, Any]:
-        """Undo a pause: the source serves on (a rollback). A container not paused is left alone."""
+    def _runc(self, node: list[str], *args: str, check: bool = True) -> bool:
+        p = subprocess.run([*node, self.runc, "--root", self.runc_root, *args], capture_output=True, text=True)
+        if check and p.returncode != 0:
+            raise RuntimeBackendError(f"runc {args[0]} of {args[1][:12]} failed: {p.stderr.strip()[-300:]}")
+        return p.returncode == 0
+
+    def _each(self, ids: list[str], verb: str, *extra: str) -> dict[str, Any]:
+        """``runc VERB ID EXTRA`` for each container still there (a container not paused stays so)."""
         out = {}
-        for ctr in b["container_ids"]:
+        for ctr in ids:
             try:
-                _pid, shim = container_pids(_checked(str(ctr)))
+                node = self.node(_checked(str(ctr)))
             except RuntimeBackendError:
                 out[ctr] = False  # gone already
                 continue
-            node = ["nsenter", "-t", str(shim), "-m", "--"]
-            p = subprocess.run([*node, self.runc, "--root", self.runc_root, *how[:1], ctr, *how[1:]],
-                               capture_output=True, text=True)  # fmt: skip
-            out[ctr] = p.returncode == 0
+            out[ctr] = self._runc(node, verb, ctr, *extra, check=False)
         return {"done": out}
 
     @staticmethod

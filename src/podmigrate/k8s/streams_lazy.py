@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import threading
@@ -81,18 +80,11 @@ class Lazy:
     # ------------------------------------------------------------------ source
 
     def dump(self, b: dict[str, Any]) -> dict[str, Any]:
-        from podmigrate.k8s.streams import _pack, _upper_dir, container_pids
-
         s = self.streams
         cid, c, ctr = str(b["checkpoint_id"]), str(b["container"]), str(b["container_id"])
         host, key = str(b["target"]), str(b["seal"])
-        local, there = s.restores._dir(f"out-{cid}", c)
-        shutil.rmtree(local, ignore_errors=True)
-        local.parent.mkdir(mode=0o700, exist_ok=True)
-        for d in ("checkpoint", "work"):
-            (local / d).mkdir(mode=0o700, parents=True)
-        _pid, shim = container_pids(ctr)
-        node = ["nsenter", "-t", str(shim), "-m", "--"]
+        local, there = s.out_dir(cid, c)
+        node = s.node(ctr)
         port = _free_port()
         r, w = os.pipe()
         argv = [*node, s.runc, "--root", s.runc_root, "checkpoint", "--image-path", str(there / "checkpoint"),
@@ -116,13 +108,7 @@ class Lazy:
         serving = time.time()
         relay = TargetRelay(f"{cid}.{c}", key, s.address, port, 600.0, host)
         self._running[(cid, c)] = Running(proc, relay, local, node, ctr, t0, serving)
-        diff = local / "work" / "rootfs-diff.tar"
-        upper = _upper_dir(node, ctr)
-        if upper:
-            tar = [*node, "tar", "--numeric-owner", "-C", upper, "-cf", str(there / "work" / diff.name), "."]
-            subprocess.run(tar, check=True, capture_output=True)
-        rest = diff if upper else None
-        sent = s._send(cid, c, key, host, int(b["rest_port"]), lambda f: _pack(f, local / "checkpoint", rest))
+        sent = s.send_rest(cid, c, key, (host, int(b["rest_port"])), node, ctr, local, there)
         return {"seconds": serving - t0, "lazy_port": relay.port, "address": s.address, "pages_bytes": 0,
                 "rest_bytes": sent}  # fmt: skip
 
@@ -137,9 +123,7 @@ class Lazy:
             raise TransportError(f"the pages of {c} did not all move in {b.get('timeout', 600)} s") from None
         self._running.pop((cid, c), None)
         run.relay.wait(10)
-        shutil.rmtree(run.local, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            run.local.parent.rmdir()
+        self.streams.drop_out_dir(run.local)
         if rc != 0:
             raise RuntimeBackendError(f"the lazy checkpoint of {c} ended with exit {rc}: its pages did not all move")
         moved = run.relay.bytes["pages-answers"]
@@ -153,11 +137,8 @@ class Lazy:
                 continue
             _kill(run.proc)
             run.relay.close()
-            subprocess.run([*run.node, self.streams.runc, "--root", self.streams.runc_root, "resume", run.ctr],
-                           capture_output=True)  # fmt: skip
-            shutil.rmtree(run.local, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                run.local.parent.rmdir()
+            self.streams._runc(run.node, "resume", run.ctr, check=False)
+            self.streams.drop_out_dir(run.local)
             del self._running[(c_id, c)]
             aborted.append(c)
         return {"aborted": aborted}
