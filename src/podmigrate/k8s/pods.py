@@ -84,7 +84,9 @@ def wait_ready(ctx: Ctx, name: str, timeout: float, cancellable: bool = True) ->
     last = ""
     while time.monotonic() < deadline:
         pod = ctx.api.get(k.pods(ctx.ns, name))
-        if pod is None:  # every caller created it just before
+        # every caller created it just before; one being deleted never becomes ready (the kubelet may
+        # first report it Failed with no reason: polled fast, that hid the deletion)
+        if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
             raise PodmigrateError(
                 f"pod {name} vanished while it started (deleted, or its node failed)",
                 hint="kubectl get events; check the target node",
