@@ -157,6 +157,9 @@ def test_rbac_grants_what_the_code_calls_and_the_agent_nothing_more(tools: Path)
         ("podmigrate.io", "nodeevacuations/status", "patch"),
         ("podmigrate.io", "podlivemigrations", "create"),
         ("discovery.k8s.io", "endpointslices", "list"),
+        ("discovery.k8s.io", "endpointslices", "create"),  # a streamed migration's handover slices
+        ("discovery.k8s.io", "endpointslices", "patch"),
+        ("discovery.k8s.io", "endpointslices", "delete"),
         ("", "events", "create"),
     ]:
         assert need in op, need

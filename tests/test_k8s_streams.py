@@ -29,11 +29,14 @@ from podmigrate.transport.pagerelay import SourceRelay
 from .test_restore_paths import CTR
 
 # a stand-in for `criu page-server -D DIR --port P ...`: takes one connection, keeps what it sent;
-# and for `criu lazy-pages ... -W WORK`: says it is ready (its socket) and ends
+# and for `criu lazy-pages ... -W WORK`: says it is ready (its socket) and ends (fails, with a file
+# `no-lazy` beside it)
 FAKE_CRIU = r"""#!{python}
 import pathlib, socket, sys
 args = sys.argv[1:]
 if args[0] == "lazy-pages":
+    if pathlib.Path(sys.argv[0]).with_name("no-lazy").exists():
+        sys.exit(1)
     pathlib.Path(args[args.index("-W") + 1], "lazy-pages.socket").touch()
     sys.exit(0)
 images, port = args[args.index("-D") + 1], int(args[args.index("--port") + 1])
@@ -94,10 +97,52 @@ def test_a_streamed_copy_serves_its_pages_waits_for_the_rest_and_then_restores(n
     assert (src / "checkpoint" / "pages-1.img").read_bytes() == pages
     argv = (node["tmp"] / "runc.argv").read_text().split()
     assert argv[2:5] == ["restore", "--detach", "--no-subreaper"] and f"{src}/checkpoint" in argv
+    # the memory stays in the images: a local daemon copies it in behind the running copy
+    assert "--lazy-pages" in argv and "--auto-dedup" not in argv
+    assert (src / "lazy-daemon.pid").read_text().isdigit()
     # its checkpoint deleted after the migration, the container restarted: fresh, never a failure
     shutil.rmtree(src)
     assert waiting_create(node, src).wait(30) == 0
     assert (node["tmp"] / "runc.argv").read_text().splitlines()[-1].split()[2] == "create"
+
+
+def test_a_streamed_copy_whose_local_daemon_does_not_start_reads_its_pages_at_once(node):
+    (node["tmp"] / "no-lazy").touch()
+    src = node["restore"] / "m1" / "server"
+    (src / "checkpoint").mkdir(parents=True)
+    create = waiting_create(node, src)
+    port = poll(lambda: json.loads((src / "page-server.json").read_text())["port"]
+                if (src / "page-server.json").exists() else None, 30, "the page server's port")  # fmt: skip
+    with socket.create_connection(("127.0.0.1", port)) as s:
+        s.sendall(b"p" * 4096)
+    (src / "checkpoint" / "descriptors.json").write_text("[]")
+    (src / VERIFIED).write_text("{}")
+    assert create.wait(30) == 0, create.stderr.read() if create.stderr else ""
+    argv = (node["tmp"] / "runc.argv").read_text().split()
+    assert "--auto-dedup" in argv and "--lazy-pages" not in argv and not (src / "lazy-daemon.pid").exists()
+
+
+def test_the_pages_phase_waits_for_the_local_daemon_and_reports_its_failure(tmp_path):
+    streams = Streams(Restores(tmp_path / "r", tmp_path / "r"), "127.0.0.1")
+    streams.prepare("m1", ["server"])
+    d = tmp_path / "r" / "m1" / "server"
+    body = {"checkpoint_id": "m1", "container": "server", "timeout": 30}
+    assert streams.lazy.pages_in(body) == {"lazy": False, "seconds": 0.0}  # restored eagerly: nothing to wait for
+    # a stand-in daemon (named so in its argv, as the agent checks: pids are reused)
+    done = tmp_path / "last-page"
+    script = "import pathlib, sys, time; time.sleep(0.5); pathlib.Path(sys.argv[1]).touch()"
+    daemon = subprocess.Popen([sys.executable, "-c", script, str(done), "lazy-pages"])
+    (d / "lazy-daemon.pid").write_text(str(daemon.pid))
+    threading.Thread(target=daemon.wait, daemon=True).start()  # reaped as the shim reaps it
+    out = streams.lazy.pages_in(body)
+    assert out["lazy"] and done.exists() and out["seconds"] > 0  # it returned once the daemon had ended
+    (d / "lazy-pages.log").write_text("(00.1) Error (criu/uffd.c:1): uffd: copy failed\n")
+    with pytest.raises(RuntimeBackendError, match=r"lazy-pages daemon of server.s copy failed: .*copy failed"):
+        streams.lazy.pages_in(body)
+    # a pid that now names another process is not the daemon
+    (d / "lazy-pages.log").unlink()
+    (d / "lazy-daemon.pid").write_text(str(os.getpid()))
+    assert streams.lazy.pages_in(body)["lazy"]
 
 
 def test_the_sandbox_of_a_restored_pod_is_created_by_plain_runc(node):
@@ -121,7 +166,8 @@ def test_a_lazy_copy_waits_without_a_page_server_and_restores_with_its_daemon(no
     create = waiting_create(node, src, lazy=True)
     got = poll(lambda: json.loads((src / "page-server.json").read_text())
                if (src / "page-server.json").exists() else None, 30, "the copy waiting")  # fmt: skip
-    assert got == {"port": None, "lazy": True}  # the pages stay with the source until asked for
+    # the pages stay with the source until asked for; no network namespace in its spec, no address said
+    assert got == {"port": None, "lazy": True, "pod_ip": None}
     (src / "lazy.json").write_text(json.dumps({"port": 1}))
     (src / "checkpoint" / "descriptors.json").write_text("[]")
     (src / VERIFIED).write_text("{}")

@@ -9,6 +9,8 @@ from typing import Any
 
 import pytest
 
+from podmigrate.k8s import handover
+from podmigrate.k8s.context import INSTANCE
 from podmigrate.kube.cluster import KubeCluster
 
 from .conftest import wait_for
@@ -31,6 +33,15 @@ def unpacked(kube: KubeCluster) -> dict[str, list[str]]:
             for n in kube.lab.nodes}  # fmt: skip
 
 
+def handed_back(kube: KubeCluster) -> bool:
+    """No EndpointSlice of podmigrate's is left, and the example's Service has its own selector."""
+    left = get(kube, "endpointslices", "-n", NS, "-l", handover.OURS)["items"]
+    svc = get(kube, "service", "heapsrv", "-n", NS)
+    assert left == [], [s["metadata"]["name"] for s in left]
+    assert INSTANCE not in svc["spec"]["selector"], svc["spec"]["selector"]
+    return True
+
+
 def streamed(name: str, pod: str) -> dict[str, Any]:
     body = plm(name, {"mode": "stop-copy", "transport": "stream"})
     body["spec"]["podName"] = pod
@@ -48,13 +59,21 @@ def test_a_streamed_stop_copy_moves_the_pod_into_a_copy_that_waited_for_it(
     rec = st["record"]
     # the copy existed and waited before the source was touched: its phase ran first, the pod was made in it
     order = [p["name"] for p in rec["phases"]]
-    assert order[:4] == ["validate", "page-server", "isolate", "checkpoint"], order
+    assert order == ["validate", "page-server", "checkpoint", "restore", "cutover", "pages", "cleanup"], order
+    # paused for its dump, not isolated first: the blackout starts at the freeze
+    assert "isolated_at" not in rec and rec["frozen_at"] <= rec["checkpointed_at"] <= rec["cutover_at"]
+    assert st["blackoutSeconds"] == pytest.approx(rec["cutover_at"] - rec["frozen_at"], abs=0.002)
     # the first container's pages went through its page server; the sidecar's came whole beside it
     assert rec["stream"]["server"]["pages_bytes"] > 64 << 20
+    # the copy ran before they were all in it: a local daemon copied them in behind it (pages)
+    assert rec["stream"]["server"]["pages_s"] > 0 and rec["stream"]["server"]["pages_mb_s"] > 0
     assert rec["stream"]["sidecar"]["pages_bytes"] == 0 and rec["stream"]["sidecar"]["rest_bytes"] > 0
     copy, after = serving(cluster)
     assert copy["metadata"]["name"] == st["restoredPod"]["name"] and copy["spec"]["nodeName"] != pod["spec"]["nodeName"]
     assert copy["spec"]["runtimeClassName"] == "podmigrate"
+    # handed over at the address its sandbox had; then the Service's own selector and slices again
+    assert rec["pod_ip"] == copy["status"]["podIP"]
+    assert handed_back(cluster)
     kept(before, after)
     wait_for(lambda: not get(cluster, "pods", "-n", NS, "--field-selector", f"metadata.name={name}")["items"], 60,
              "the source pod to be gone")  # fmt: skip
@@ -77,6 +96,7 @@ def test_a_streamed_checkpoint_that_fails_takes_the_waiting_copy_away(
     restored = st["record"]["restored"]
     wait_for(lambda: not get(cluster, "pods", "-n", NS, "--field-selector", f"metadata.name={restored}")["items"], 60,
              "the waiting copy to be gone")  # fmt: skip
+    assert handed_back(cluster)
     wait_for(lambda: unpacked(cluster) == {n: [] for n in cluster.lab.nodes}, 60, "no checkpoint left unpacked")
 
 

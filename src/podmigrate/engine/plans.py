@@ -20,9 +20,7 @@ docs/architecture.md, equal to the code.
 | kubernetes | decoupled | registry | validate, checkpoint, package, restore, cutover, cleanup | cutover | runs on |
 | kubernetes | stop-copy | registry | validate, isolate, checkpoint, package, restore, cutover, cleanup | cutover | runs on |
 | kubernetes | cold | none | validate, isolate, stop, restore, cutover, cleanup | cutover | runs on |
-| kubernetes | decoupled | stream | validate, page-server, checkpoint, restore, cutover, cleanup | cutover | rolls back |
-| kubernetes | stop-copy | stream | validate, page-server, isolate, checkpoint, restore, cutover, cleanup | cutover | rolls back |
-| kubernetes | lazy | stream | validate, page-server, isolate, checkpoint, restore, cutover, pages, cleanup | cutover | rolls back |
+| kubernetes | decoupled, stop-copy, lazy | stream | validate, page-server, checkpoint, restore, cutover, pages, cleanup | cutover | rolls back |
 <!-- /plan-table -->
 
 Once the phase a row names under "committed after" has succeeded, the target holds the workload:
@@ -142,18 +140,20 @@ PLANS: dict[tuple[str, str, str], Row] = {
     # the copy's pod waits on the target (page-server) before the source is touched; its pages come
     # during the dump, the rest right after, and its waiting create restores. Rolled back, not run on,
     # when its operator died: the waiting page server took its one connection, no new dump can use it
+    # (pages: the copy runs before its memory is all in, copied from those images by a local daemon)
     ("kubernetes", "decoupled", "stream"): Row(
-        (P.VALIDATE, P.PAGE_SERVER, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.CLEANUP), P.CUTOVER, _LAB
+        (P.VALIDATE, P.PAGE_SERVER, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.PAGES, P.CLEANUP), P.CUTOVER, _LAB
     ),
+    # the source is paused before its dump, so nothing it answers is lost, and the Services switch
+    # from it to the copy in one change: no isolate (kube-proxy syncs at most once a second, by
+    # default: a second change within the blackout would wait for it)
     ("kubernetes", "stop-copy", "stream"): Row(
-        (P.VALIDATE, P.PAGE_SERVER, P.ISOLATE, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.CLEANUP), P.CUTOVER, _LAB
+        (P.VALIDATE, P.PAGE_SERVER, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.PAGES, P.CLEANUP), P.CUTOVER, _LAB
     ),
     # post-copy: until the cutover no request reached the copy and the source, frozen, still holds
     # all its memory (its CRIU serves from it): killing the dump and thawing it is a rollback
     ("kubernetes", "lazy", "stream"): Row(
-        (P.VALIDATE, P.PAGE_SERVER, P.ISOLATE, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.PAGES, P.CLEANUP),
-        P.CUTOVER,
-        _LAB,
+        (P.VALIDATE, P.PAGE_SERVER, P.CHECKPOINT, P.RESTORE, P.CUTOVER, P.PAGES, P.CLEANUP), P.CUTOVER, _LAB
     ),
 }
 

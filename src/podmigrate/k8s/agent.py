@@ -26,6 +26,7 @@ to callers showing a certificate of that CA (mutual TLS: the certificate is the 
     POST /v1/restores/delete            {checkpoint_id} -> that migration's unpacked checkpoints deleted
     POST /v1/streams...                 a streamed migration (``k8s.streams``): runc's own checkpoint on
                                         the source (with --runc-checkpoint), its pages into the waiting copy
+    POST /v1/serving                    {address, checks, timeout} -> once a pod here serves (``k8s.serving``)
 
 Run: ``python -m podmigrate.k8s.agent --node $NODE_NAME --kubelet https://$HOST_IP:10250 --kubelet-ca CA
 --listen 0.0.0.0:7070 --tls-cert tls.crt --tls-key tls.key --client-ca ca.crt --health-listen
@@ -50,6 +51,7 @@ from typing import Any
 from podmigrate.agent.http import App, make_handler
 from podmigrate.agent.tls import TLSHTTPServer
 from podmigrate.errors import UsageError
+from podmigrate.k8s import serving
 from podmigrate.k8s.kubelet import CHECKPOINT_DIR, KubeletClient
 from podmigrate.k8s.policy import Policy, Refused, parse_list
 from podmigrate.k8s.restores import Restores
@@ -206,6 +208,7 @@ def build_app(
         restores.routes(app, policy)
     if streams is not None:
         streams.routes(app)
+        serving.routes(app)  # a streamed copy's readiness, checked here before the kubelet's
     return app
 
 

@@ -35,6 +35,7 @@ class K8sRecord(RunRecord, total=False):
     references: dict[str, str]  # container -> checkpoint image reference (by tag)
     services: dict[str, dict[str, str]]  # Service -> its selector before the migration
     isolated_at: float  # stop-copy and cold: when the Services stopped selecting the source
+    frozen_at: float  # stream stop-copy and lazy: the source paused for its dump (they do not isolate)
     archives: dict[str, str]  # container -> the kubelet's checkpoint archive on the source node
     checkpointed_at: float
     images: dict[str, str]  # container -> pushed checkpoint image
@@ -50,6 +51,10 @@ class K8sRecord(RunRecord, total=False):
     proxies: dict[str, Any]  # isolate: how long the nodes' kube-proxies took to follow (k8s.proxies)
     source_ids: dict[str, str]  # stream: the source's container ids, for ending them after a pause
     proxy_marks: dict[str, str]  # decoupled: each kube-proxy's time at the cutover, for the drain
+    handover: dict[str, list[str]]  # stream: Service -> the operator's EndpointSlices (k8s.handover)
+    handover_ports: list[list[dict[str, Any]]]  # their ports (the copy must accept on each)
+    pod_ip: str  # stream: the copy's address, as its sandbox or the kubelet said
+    serving_s: float  # stream: the restore's wait until the agent saw the copy serve
     cutover_at: float
     blackout_s: float
     drift_s: float

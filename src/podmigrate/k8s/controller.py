@@ -178,7 +178,8 @@ class K8sRunner(Runner[Ctx]):
 
     def completed(self) -> None:
         ctx, rec, spec = self.ctx, self.ctx.rec, self.ctx.spec
-        blackout = rec["cutover_at"] - rec["isolated_at"] if "isolated_at" in rec else 0.0
+        stopped = [rec[k] for k in ("isolated_at", "frozen_at") if k in rec]  # whichever came first
+        blackout = rec["cutover_at"] - min(stopped) if stopped else 0.0
         drift = rec["cutover_at"] - rec["checkpointed_at"] if spec["mode"] == "decoupled" else 0.0
         rec["blackout_s"], rec["drift_s"] = blackout, drift
         msg = f"moved {spec['podName']} from {rec['source']} to {rec['target']} as {rec['restored']}"

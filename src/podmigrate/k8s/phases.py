@@ -18,7 +18,7 @@ from podmigrate.engine.plans import PhaseName as P
 from podmigrate.engine.runner import Phase, phase_table
 from podmigrate.errors import PodmigrateError
 from podmigrate.k8s import api as k
-from podmigrate.k8s import proxies, stream_phases
+from podmigrate.k8s import handover, proxies, stream_phases
 from podmigrate.k8s.context import INSTANCE, Ctx
 from podmigrate.k8s.pods import pod_copy, wait_gone, wait_ready
 from podmigrate.k8s.policy import by_digest
@@ -183,6 +183,9 @@ def undo_package(ctx: Ctx) -> str:
 
 def restore(ctx: Ctx) -> None:
     rec = ctx.rec
+    if rec.get("transport") == "stream":  # the copy exists since page-server, and serves before it is Ready
+        handover.wait_serving(ctx)
+        return
     if "isolated_at" not in rec:
         # make-before-break: pin the Services to the source first, or the copy would join them (and two
         # pods serve) as soon as it is ready, before the cutover chose it
@@ -237,6 +240,10 @@ def undo_restore(ctx: Ctx) -> str:
 def cutover(ctx: Ctx) -> None:
     if ctx.spec["mode"] == "decoupled":  # for the drain before the source goes (cleanup)
         ctx.rec["proxy_marks"] = proxies.mark(ctx)
+    if ctx.rec.get("transport") == "stream":  # one write: the operator's slices list the copy
+        handover.switch(ctx, ctx.rec["pod_ip"])
+        ctx.rec["cutover_at"] = time.time()
+        return
     ctx.api.patch(k.pods(ctx.ns, ctx.rec["restored"]), {"metadata": {"labels": {INSTANCE: ctx.rec["restored"]}}})
     set_selectors(ctx, ctx.rec["restored"])
     ctx.rec["cutover_at"] = time.time()
@@ -250,10 +257,13 @@ def cleanup(ctx: Ctx) -> None:
         steps.append(("let the Services' proxies leave the source", lambda: drain(ctx)))
     if ctx.spec["mode"] != "cold":
         steps.append(("delete source pod", lambda: ctx.api.delete(k.pods(ctx.ns, ctx.spec["podName"]))))
-    if rec.get("transport") == "stream" and ctx.spec["mode"] == "stop-copy":  # frozen since its dump
+    if rec.get("transport") == "stream" and ctx.spec["mode"] != "decoupled":  # frozen since its dump
         steps.append(("end the frozen source", lambda: stream_phases.end_source(ctx)))
     # with the source gone the Services' own selectors pick the copy alone: give them back unpinned
-    steps.append(("restore the Services' selectors", lambda: set_selectors(ctx, None)))
+    if rec.get("transport") == "stream":  # and the operator's slices go once the controller lists the copy
+        steps.append(("hand the Services back", lambda: _warn(handover.release(ctx, rec["restored"], _handback(ctx)))))
+    else:
+        steps.append(("restore the Services' selectors", lambda: set_selectors(ctx, None)))
     if rec.get("references") and rec.get("transport") != "stream":  # a streamed one made neither
         steps.append(("delete checkpoint images", lambda: delete_images(ctx)))
         steps.append(("delete archives", lambda: undo_checkpoint(ctx)))
@@ -270,6 +280,15 @@ def cleanup(ctx: Ctx) -> None:
     rec["warnings"] = rec.get("warnings", []) + warnings
 
 
+def _warn(message: str | None) -> None:
+    if message:
+        raise PodmigrateError(message)
+
+
+def _handback(ctx: Ctx) -> float:
+    return float(ctx.spec["timeouts"]["restoreSeconds"])
+
+
 PHASES = phase_table(
     Phase(P.VALIDATE, validate),
     # stream: the copy's pod waits on the target before anything else happens to the source
@@ -282,6 +301,6 @@ PHASES = phase_table(
     Phase(P.PACKAGE, package, undo_package, artifact=True),
     Phase(P.RESTORE, restore, undo_restore),
     Phase(P.CUTOVER, cutover, undo_selectors, undo_group="selectors"),
-    Phase(P.PAGES, stream_phases.pages),  # lazy: past its commit (restore), nothing to undo
+    Phase(P.PAGES, stream_phases.pages),  # past the commit (cutover): nothing to undo
     Phase(P.CLEANUP, cleanup),
 )

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 from podmigrate.errors import PodmigrateError
@@ -79,7 +80,14 @@ def pod_copy(src: dict[str, Any], name: str, node: str, images: dict[str, str], 
     }
 
 
-def wait_ready(ctx: Ctx, name: str, timeout: float, cancellable: bool = True) -> None:
+def wait_ready(
+    ctx: Ctx,
+    name: str,
+    timeout: float,
+    cancellable: bool = True,
+    serving: Callable[[dict[str, Any]], bool] | None = None,
+) -> None:
+    """Until pod ``name`` is Ready, or ``serving(pod)`` says it serves (whichever comes first)."""
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
@@ -91,7 +99,7 @@ def wait_ready(ctx: Ctx, name: str, timeout: float, cancellable: bool = True) ->
                 f"pod {name} vanished while it started (deleted, or its node failed)",
                 hint="kubectl get events; check the target node",
             )
-        if k.pod_ready(pod):
+        if k.pod_ready(pod) or (serving is not None and serving(pod)):
             return
         st = pod.get("status") or {}
         if st.get("phase") == "Failed":

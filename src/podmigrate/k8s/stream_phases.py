@@ -3,11 +3,13 @@
 ``page-server``: the copy's pod is created on the target before the source is touched, with the
 podmigrate RuntimeClass and ``io.podmigrate.stream``; its first container's ``create`` starts a CRIU
 page server and waits (``runtime.runc_restore``), so the sandbox, the image and the container's set-up
-are done before the freeze. The Services are pinned to the source first (make-before-break).
-``checkpoint``: per container, in the pod's order (the kubelet starts them one after the other), the
-target's agent relays to that container's page server, the source's agent dumps with runc into the
-relay, and the target's agent verifies the rest: the waiting ``create`` restores at once. ``restore``
-(``k8s.phases``) then only waits for the copy to be Ready.
+are done before the freeze. The Services are handed to slices of the operator's first
+(``k8s.handover``). ``checkpoint``: the source paused (stop-copy, lazy), per container, in the pod's
+order (the kubelet starts them one after the other), the target's agent relays to that container's
+page server, the source's agent dumps with runc into the relay, and the target's agent verifies the
+rest: the waiting ``create`` restores at once, its memory left to a local lazy-pages daemon.
+``restore`` (``k8s.phases``) then only waits until the copy serves, ``cutover`` writes its address
+into the operator's slices, ``pages`` waits for the daemon's (or, lazy, the source's) last page.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from typing import Any
 
 from podmigrate.errors import PodmigrateError
 from podmigrate.k8s import api as k
-from podmigrate.k8s.context import INSTANCE, Ctx
+from podmigrate.k8s import handover
+from podmigrate.k8s.context import Ctx
 from podmigrate.k8s.pods import pod_copy, wait_gone
 from podmigrate.k8s.runtimes import RUNTIME_CLASS
 
@@ -29,6 +32,7 @@ LAZY = "io.podmigrate.lazy"
 # under the kubelet's 2-minute runtime request timeout: past it the kubelet would start the container again
 WAIT_S = 110
 MIN_RESERVE = 32 << 20
+HANDBACK_S = 30.0  # a rollback: until the controller lists the source again (it is Ready: seconds at most)
 
 
 def node_ip(ctx: Ctx, node: str) -> str:
@@ -40,16 +44,13 @@ def node_ip(ctx: Ctx, node: str) -> str:
 
 
 def page_server(ctx: Ctx) -> None:
-    from podmigrate.k8s.phases import set_selectors
-
     rec = ctx.rec
+    # first: the proxies' sync for it is then a second behind by the cutover (kube-proxy's minSyncPeriod)
+    handover.take(ctx)
     out = ctx.agents.call(rec["target"], "/v1/streams", {"checkpoint_id": rec["id"], "containers": rec["containers"]})
     rec["restore_dirs"] = out["restores"]
     ctx.save()
     _reserve(ctx)
-    src = ctx.spec["podName"]
-    ctx.api.patch(k.pods(ctx.ns, src), {"metadata": {"labels": {INSTANCE: src}}})
-    set_selectors(ctx, src)  # the copy must not join the Services when it becomes Ready
     if ctx.api.get(k.pods(ctx.ns, rec["restored"])) is None:
         ctx.api.create(k.pods(ctx.ns), _copy(ctx))
     first = rec["containers"][0]
@@ -109,14 +110,12 @@ def _seal(ctx: Ctx) -> dict[str, Any]:
 
 
 def undo_page_server(ctx: Ctx) -> str:
-    from podmigrate.k8s.phases import set_selectors
-
     rec = ctx.rec
     with contextlib.suppress(PodmigrateError):  # the waiting create fails now instead of at its deadline
         ctx.agents.call(rec["target"], "/v1/streams/abort", {"checkpoint_id": rec["id"]})
     gone = ctx.api.delete(k.pods(ctx.ns, rec["restored"]))
     wait_gone(ctx, rec["restored"])
-    set_selectors(ctx, None)
+    handover.release(ctx, ctx.spec["podName"], HANDBACK_S)  # the source back in its Services' own slices
     ctx.agents.call(rec["target"], "/v1/restores/delete", {"checkpoint_id": rec["id"]})
     return f"deleted the waiting copy {rec['restored']}" if gone else f"pod {rec['restored']} was not there"
 
@@ -171,6 +170,8 @@ def checkpoint(ctx: Ctx) -> None:
         return {"dump_s": round(out["seconds"], 3), "pages_bytes": 0, "rest_bytes": out["rest_bytes"],
                 "path": verified["path"], "lazy": True}  # fmt: skip
 
+    if ctx.spec["mode"] != "decoupled":  # paused for its dump: the blackout starts here (no isolate)
+        rec["frozen_at"] = time.time()
     threads = [threading.Thread(target=move, args=(c, None), daemon=True) for c in others]
     for t in threads:
         t.start()
@@ -209,10 +210,17 @@ def _source_ids(ctx: Ctx) -> list[str]:
 
 
 def pages(ctx: Ctx) -> None:
-    """Lazy: the copy serves; wait for the rest of its memory, then the source's CRIU ends."""
+    """The copy serves; wait for the rest of its memory. Lazy: from the source, whose CRIU ends then;
+    streamed: from the images the page server wrote on the target, which cleanup deletes after."""
     rec = ctx.rec
     first = rec["containers"][0]
     body = {"checkpoint_id": rec["id"], "container": first, "timeout": ctx.spec["timeouts"]["restoreSeconds"]}
+    if ctx.spec["mode"] != "lazy":
+        got = ctx.agents.call(rec["target"], "/v1/streams/pages", body)
+        if got.get("lazy"):  # else the restore read them all (its daemon did not start)
+            moved, took = int(rec["stream"][first]["pages_bytes"]), max(float(got["seconds"]), 1e-6)
+            rec["stream"][first].update(pages_s=round(took, 3), pages_mb_s=round(moved / 2**20 / took, 1))
+        return
     out = ctx.agents.call(rec["source"], "/v1/streams/lazy/wait", body)
     moved = int(out["bytes"])
     rec["stream"][first]["pages_bytes"] = moved

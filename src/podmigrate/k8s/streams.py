@@ -201,9 +201,9 @@ class Streams:
         sink = socket.create_server(("127.0.0.1", 0))
         threading.Thread(target=_sink, args=(sink, local / "rest.tar", received, box), daemon=True).start()
         pages = None
+        said = json.loads(ready.read_text()) if ready.exists() else {}
         if b.get("pages", True):
-            port = int(json.loads(ready.read_text())["port"])
-            pages = TargetRelay(f"{cid}.{c}", key, self.address, port, RELAY_S, peer)
+            pages = TargetRelay(f"{cid}.{c}", key, self.address, int(said["port"]), RELAY_S, peer)
         w = Waiting(
             pages,
             TargetRelay(f"{cid}.{c}.rest", key, self.address, sink.getsockname()[1], RELAY_S, peer),
@@ -211,7 +211,8 @@ class Streams:
             box,
         )
         self._waiting[(cid, c)] = w
-        return {"pages_port": pages.port if pages else None, "rest_port": w.images.port, "address": self.address}
+        return {"pages_port": pages.port if pages else None, "rest_port": w.images.port, "address": self.address,
+                "pod_ip": said.get("pod_ip")}  # fmt: skip
 
     def verify(self, cid: str, c: str, b: dict[str, Any] | None = None) -> dict[str, Any]:
         """The rest is in: the waiting create may restore. ``b["lazy"]``: ``{address, port}`` of the
@@ -235,6 +236,8 @@ class Streams:
             (local / "rest.tar").unlink(missing_ok=True)
         if b and b.get("lazy"):
             self.lazy.give(local, cid, c, str(b["seal"]), (str(b["lazy"]["address"]), int(b["lazy"]["port"])))
+        elif w.pages is not None:  # the copy runs on a local daemon copying these pages in
+            self.lazy.watch(local)
         info = {
             "stream": True,
             "pages_bytes": w.pages.bytes if w.pages else {},

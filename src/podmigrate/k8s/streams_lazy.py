@@ -7,12 +7,17 @@ goes to the target as for a streamed one. The target's agent gives the waiting `
 its end of the relay (``lazy.json``): it starts ``criu lazy-pages`` and restores with
 ``--lazy-pages``; the copy runs before its memory has moved, faulting pages over, the rest following
 in the background. The agent wakes the faults CRIU's daemon drops (``runtime.uffd``). Once every page
-has moved the source's CRIU ends and runc kills the source's container. Routes::
+has moved the source's CRIU ends; the source's container stays, frozen, until the migration's cleanup
+kills it through runc (``--leave-running``: a runc checkpoint that ends the container itself removes
+it from under its shim, whose connection then closes, and the kubelet retries the pod's deletion for
+its whole grace period, holding up that node's other pods). Routes::
 
     POST /v1/streams/lazy             source: {checkpoint_id, container, container_id, target, rest_port,
                                       seal} -> the relay port the target's daemon reaches, once serving
     POST /v1/streams/lazy/wait        source: {checkpoint_id, container} -> every page moved, seconds, bytes
     POST /v1/streams/lazy/abort       source: {checkpoint_id} -> the dump killed, the source thawed
+    POST /v1/streams/pages            target: {checkpoint_id, container} -> a streamed copy's local daemon
+                                      has copied its last page in (``runtime.runc_restore``), seconds
 """
 
 from __future__ import annotations
@@ -76,6 +81,7 @@ class Lazy:
             app.route("POST", "/v1/streams/lazy")(lambda p, b: self.dump(b))
             app.route("POST", "/v1/streams/lazy/wait")(lambda p, b: self.wait(b))
             app.route("POST", "/v1/streams/lazy/abort")(lambda p, b: self.abort(str(b["checkpoint_id"])))
+        app.route("POST", "/v1/streams/pages")(lambda p, b: self.pages_in(b))
 
     # ------------------------------------------------------------------ source
 
@@ -89,7 +95,7 @@ class Lazy:
         r, w = os.pipe()
         argv = [*node, s.runc, "--root", s.runc_root, "checkpoint", "--image-path", str(there / "checkpoint"),
                 "--work-path", str(there / "work"), "--lazy-pages", "--page-server", f"127.0.0.1:{port}",
-                "--status-fd", str(w), ctr]  # fmt: skip
+                "--leave-running", "--status-fd", str(w), ctr]  # fmt: skip
         t0 = time.time()
         if b.get("pause"):  # frozen from here on: what it answers after its isolation is never lost
             s._runc(node, "pause", ctr)
@@ -152,6 +158,33 @@ class Lazy:
         threading.Thread(target=self._wake, args=(local,), daemon=True).start()
         return relay
 
+    def watch(self, local: Path) -> None:
+        """A streamed restore's local daemon (``runtime.runc_restore``): wake its dropped faults once it runs."""
+        threading.Thread(target=self._wake, args=(local,), daemon=True).start()
+
+    def pages_in(self, b: dict[str, Any]) -> dict[str, Any]:
+        """Wait until the copy's local lazy-pages daemon has copied the last page into it (the images
+        may go then); seconds since it started. A restore that read its pages at once had none."""
+        cid, c = str(b["checkpoint_id"]), str(b["container"])
+        local, _ = self.streams.restores._dir(cid, c)
+        pidfile = local / "lazy-daemon.pid"
+        if not pidfile.exists():
+            return {"lazy": False, "seconds": 0.0}
+        started, pid = pidfile.stat().st_mtime, int(pidfile.read_text())
+        until = time.monotonic() + float(b.get("timeout", 600))
+        while _runs(pid, b"lazy-pages"):
+            if time.monotonic() > until:
+                raise TransportError(f"the copy's memory ({c}) was not all in after {b.get('timeout', 600)} s")
+            time.sleep(0.02)
+        try:
+            log = (local / "lazy-pages.log").read_text(errors="replace").splitlines()
+        except OSError:
+            log = []
+        errors = [ln for ln in log if "Error (" in ln]
+        if errors:
+            raise RuntimeBackendError(f"the lazy-pages daemon of {c}'s copy failed: {errors[0].strip()[:300]}")
+        return {"lazy": True, "seconds": time.time() - started}
+
     def _wake(self, local: Path) -> None:
         until = time.monotonic() + 60
         while not (local / "lazy-daemon.pid").exists():
@@ -160,6 +193,17 @@ class Lazy:
             time.sleep(0.01)
         waker = FaultWaker(_Pid(int((local / "lazy-daemon.pid").read_text())))  # type: ignore[arg-type]
         self._wakers = [w for w in self._wakers if w.status()["running"]] + [waker.start()]
+
+
+def _runs(pid: int, name: bytes) -> bool:
+    """Process ``pid`` runs (not a zombie) and is ``name`` (its pid file may outlive it; pids are reused)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            if name not in f.read():
+                return False
+    except OSError:
+        return False
+    return _Pid(pid).poll() is None
 
 
 def _free_port() -> int:

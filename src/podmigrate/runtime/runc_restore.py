@@ -31,7 +31,9 @@ starts a CRIU page server writing into ``restore-from/checkpoint``, says its por
 ``page-server.json`` (the node agent relays the source's dump to it, sealed, between the nodes), and
 waits for the agent's ``podmigrate-verified.json`` (the rest of the checkpoint is in) or its ``abort``
 (the migration rolled back) before it restores. The pod's sandbox, image and container setup are
-then behind the copy before the freeze, not in its blackout.
+then behind the copy before the freeze, not in its blackout. The restore leaves the memory in those
+images: a local ``criu lazy-pages`` daemon (its pid in ``lazy-daemon.pid``, its log beside it) copies
+it in while the copy already runs, so the blackout does not read the whole heap.
 
 Standard library only (it runs on the node with the system python3). Configuration (optional):
 ``/etc/podmigrate/runc-restore.json`` ``{"runc": "/usr/sbin/runc", "criu": "criu", "state":
@@ -177,9 +179,12 @@ def apply_rootfs_diff(src: Path, rootfs: Path) -> None:
         t.extractall(rootfs, filter="tar")
 
 
-def wait_for_stream(glob: list[str], state: Path, src: Path, wait: float, criu: str, lazy: bool = False) -> None:
+def wait_for_stream(
+    glob: list[str], state: Path, src: Path, wait: float, criu: str, lazy: bool = False, pod_ip: str | None = None
+) -> None:
     """Serve the dump's pages into ``src/checkpoint`` and wait for the agent to verify the rest;
-    ``lazy``: no page server (the pages stay with the source until the copy asks), only the wait."""
+    ``lazy``: no page server (the pages stay with the source until the copy asks), only the wait.
+    ``pod_ip``: the sandbox's address, for the agent to see the copy serve before the kubelet does."""
     images = src / "checkpoint"
     images.mkdir(mode=0o700, parents=True, exist_ok=True)
     server = None
@@ -203,7 +208,8 @@ def wait_for_stream(glob: list[str], state: Path, src: Path, wait: float, criu: 
     if server is None and not lazy:
         fail(glob, state, f"criu page-server did not start for {src}: {_tail(images / 'page-server.log')}")
     tmp = src / "page-server.json.tmp"
-    tmp.write_text(json.dumps({"port": port, "pid": server.pid} if server else {"port": None, "lazy": True}))
+    info: dict[str, Any] = {"port": port, "pid": server.pid} if server else {"port": None, "lazy": True}
+    tmp.write_text(json.dumps({**info, "pod_ip": pod_ip}))
     tmp.chmod(0o600)
     tmp.rename(src / "page-server.json")  # the agent reads it whole or not at all
     until = time.monotonic() + wait
@@ -242,6 +248,50 @@ def lazy_daemon(glob: list[str], state: Path, src: Path, work: Path, criu: str) 
             daemon.kill()
             fail(glob, state, f"criu lazy-pages did not start for {src}: {_tail(work / 'lazy-pages.log')}")
         time.sleep(0.005)
+
+
+def local_lazy_daemon(src: Path, work: Path, criu: str) -> bool:
+    """``criu lazy-pages`` serving a streamed restore's pages from the images the page server wrote
+    here: the copy runs as soon as its tasks are restored, the daemon copying its memory in behind
+    it (the lab engine's stream restore). False when it does not start: the restore reads them all."""
+    daemon = subprocess.Popen(
+        [criu, "lazy-pages", "-D", str(src / "checkpoint"), "-W", str(work), "-o", str(src / "lazy-pages.log"),
+         "-v2"],
+        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    until = time.monotonic() + 10
+    while not (work / "lazy-pages.socket").exists():
+        if daemon.poll() is not None or time.monotonic() > until:
+            daemon.kill()
+            daemon.wait()
+            return False
+        time.sleep(0.005)
+    (src / "lazy-daemon.pid").write_text(str(daemon.pid))  # the agent wakes its dropped faults, waits for its end
+    return True
+
+
+def pod_ip(spec: dict[str, Any]) -> str | None:
+    """The first global IPv4 address in the container's network namespace (the pod's: the sandbox
+    made it); None where it cannot be read (the operator then waits for the kubelet's status)."""
+    path = next(
+        (n.get("path") for n in (spec.get("linux") or {}).get("namespaces") or [] if n.get("type") == "network"), None
+    )
+    if not path:
+        return None
+    try:
+        p = subprocess.run(["nsenter", f"--net={path}", "ip", "-j", "-4", "addr", "show", "scope", "global"],
+                           capture_output=True, text=True, timeout=5)  # fmt: skip
+        links = json.loads(p.stdout) if p.returncode == 0 else []
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return None
+    return next((str(a["local"]) for link in links for a in link.get("addr_info") or [] if a.get("local")), None)
+
+
+def _served(src: Path) -> bool:
+    try:
+        return bool(json.loads((src / "page-server.json").read_text()).get("port"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def _listening(port: int) -> bool:
@@ -283,7 +333,7 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
         except Refused as e:
             fail(glob, state, str(e))
         if not (pending / VERIFIED).exists():
-            wait_for_stream(glob, state, pending, wait, cfg["criu"], lazy)
+            wait_for_stream(glob, state, pending, wait, cfg["criu"], lazy, pod_ip(spec))
     try:
         src = restore_source(annotations, Path(cfg["restore_dir"]))
     except Refused as e:
@@ -298,6 +348,8 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
     work.mkdir(mode=0o700, parents=True, exist_ok=True)
     if lazy:
         lazy_daemon(glob, state, src, work, cfg["criu"])
+    # pages a page server wrote (a container dumped whole brings few, and restores them at once)
+    local = streamed and not lazy and _served(src) and local_lazy_daemon(src, work, cfg["criu"])
     argv = [cfg["runc"], *glob, "restore", "--detach", "--no-subreaper", "--bundle", str(bundle),
             "--image-path", str(src / "checkpoint"), "--work-path", str(work)]  # fmt: skip
     for flag in ("--pid-file", "--console-socket"):
@@ -307,7 +359,7 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
         argv.append("--no-pivot")
     if annotations.get(PREFIX + "tcp-established") == "true":
         argv.append("--tcp-established")
-    if lazy:
+    if lazy or local:
         argv.append("--lazy-pages")
     elif streamed:  # its images are this restore's alone: what is read is freed at once, for the heap
         argv.append("--auto-dedup")

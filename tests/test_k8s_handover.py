@@ -1,0 +1,144 @@
+"""A streamed migration's Service handover without a cluster: the operator's EndpointSlices on the
+in-memory fake API (``tests/fake_kube.py``; on upstream Kubernetes: ``tests/test_kube_stream.py``),
+and the agent's serving check against real servers on loopback."""
+
+from __future__ import annotations
+
+import http.server
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from podmigrate.k8s import api as k
+from podmigrate.k8s import handover, serving
+from podmigrate.k8s.agents import Config
+from podmigrate.k8s.context import INSTANCE, Ctx, K8sRecord
+
+from .fake_kube import FakeKubeAPI
+
+NS = "default"
+PORTS = [{"name": "http", "port": 8000, "protocol": "TCP"}, {"name": "dns", "port": 53, "protocol": "UDP"}]
+
+
+def endpoint(pod: str, ip: str, ready: bool = True) -> dict[str, Any]:
+    return {"addresses": [ip], "conditions": {"ready": ready}, "targetRef": {"kind": "Pod", "name": pod}}
+
+
+def controller_slice(api: FakeKubeAPI, *endpoints: dict[str, Any]) -> None:
+    """The EndpointSlice controller's slice of Service ``web`` (written over on each call)."""
+    api.objects[handover.slices(NS, "web-abcde")] = {
+        "metadata": {"name": "web-abcde", "labels": {handover.SERVICE: "web",
+                     "endpointslice.kubernetes.io/managed-by": "endpointslice-controller.k8s.io"}},
+        "addressType": "IPv4", "ports": PORTS, "endpoints": list(endpoints),
+    }  # fmt: skip
+
+
+@pytest.fixture
+def ctx() -> Ctx:
+    api = FakeKubeAPI()
+    api.objects[k.services(NS, "web")] = {"metadata": {"name": "web"}, "spec": {"selector": {"app": "web"}}}
+    api.objects[k.migrations(NS, "m1")] = {"apiVersion": "podmigrate.io/v1alpha1", "metadata": {"uid": "u-1"}}
+    api.objects[k.pods(NS, "web-copy")] = {"metadata": {"name": "web-copy", "uid": "u-copy"}}
+    controller_slice(api, endpoint("web-src", "10.0.0.2"))
+    rec = K8sRecord(id="m1-id", services={"web": {"app": "web"}}, restored="web-copy", target="node-b")
+    cfg = Config(poll_s=0.01)
+    return Ctx(api, None, cfg, NS, "m1", {"podName": "web-src"}, rec, lambda *e: None)  # type: ignore[arg-type]
+
+
+def ours(ctx: Ctx) -> list[dict[str, Any]]:
+    return ctx.api.list(handover.slices(NS), label_selector=handover.OURS)
+
+
+def test_the_source_moves_into_the_operators_slice_before_the_selector_leaves_it(ctx: Ctx) -> None:
+    seen: list[tuple[str, int]] = []  # what a proxy serves at each write: never nothing
+    api: FakeKubeAPI = ctx.api  # type: ignore[assignment]
+    api.before_patch = lambda path: seen.append((path, len(ours(ctx))))
+    handover.take(ctx)
+    (mine,) = ours(ctx)
+    assert mine["endpoints"] == [endpoint("web-src", "10.0.0.2")] and mine["ports"] == PORTS
+    assert mine["metadata"]["labels"][handover.MIGRATION] == "m1-id"
+    assert mine["metadata"]["ownerReferences"][0]["uid"] == "u-1"  # deleting the migration deletes it
+    # the selector moved after the slice existed (the record saved between)
+    assert [s for s in seen if "services" in s[0]] == [(k.services(NS, "web"), 1)]
+    svc = ctx.api.get(k.services(NS, "web")) or {}
+    assert svc["spec"]["selector"] == {"app": "web", INSTANCE: "handed-over-m1-id"}
+    handover.take(ctx)  # resumed: nothing made twice
+    assert len(ours(ctx)) == 1
+
+
+def test_the_cutover_is_one_write_and_the_slice_goes_once_the_controller_lists_the_copy(ctx: Ctx) -> None:
+    handover.take(ctx)
+    handover.switch(ctx, "10.0.1.7")
+    (mine,) = ours(ctx)
+    (ep,) = mine["endpoints"]
+    assert ep["addresses"] == ["10.0.1.7"] and ep["conditions"]["ready"] and ep["nodeName"] == "node-b"
+    assert ep["targetRef"] == {"kind": "Pod", "namespace": NS, "name": "web-copy", "uid": "u-copy"}
+    controller_slice(ctx.api, endpoint("web-copy", "10.0.1.7"))  # type: ignore[arg-type]
+    assert handover.release(ctx, "web-copy", 5.0) is None
+    assert ours(ctx) == [] and (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"] == {"app": "web"}
+
+
+def test_a_copy_the_controller_never_lists_is_said_and_its_slice_deleted_all_the_same(ctx: Ctx) -> None:
+    handover.take(ctx)
+    handover.switch(ctx, "10.0.1.7")
+    controller_slice(ctx.api, endpoint("web-copy", "10.0.1.7", ready=False))  # type: ignore[arg-type]
+    warning = handover.release(ctx, "web-copy", 0.2)
+    assert warning and "do not list web-copy as ready" in warning
+    assert ours(ctx) == []
+
+
+def test_a_switch_without_the_copys_address_is_refused(ctx: Ctx) -> None:
+    handover.take(ctx)
+    with pytest.raises(Exception, match="address of web-copy is not known"):
+        handover.switch(ctx, "")
+    assert ours(ctx)[0]["endpoints"][0]["addresses"] == ["10.0.0.2"]  # the source still listed
+
+
+def test_the_checks_are_the_copys_readiness_probes_and_its_services_tcp_ports() -> None:
+    pod = {"spec": {"containers": [
+        {"name": "server"},  # no probe: its Services' port says whether it serves
+        {"name": "sidecar", "ports": [{"name": "http", "containerPort": 8000}],
+         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"}}},
+        {"name": "db", "readinessProbe": {"tcpSocket": {"port": 5432}}},
+    ]}}  # fmt: skip
+    assert handover._checks(pod, [PORTS]) == [
+        {"port": 8000, "path": "/healthz", "scheme": "HTTP", "headers": []},
+        {"port": 5432},
+        {"port": 8000},  # UDP 53 is not connected to
+    ]
+    pod["spec"]["containers"].append({"name": "x", "readinessProbe": {"exec": {"command": ["true"]}}})
+    assert handover._checks(pod, [PORTS]) is None  # only the kubelet can run that one
+
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200 if self.path == "/healthz" else 503)
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def web() -> Iterator[int]:
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield srv.server_address[1]
+    srv.shutdown()
+
+
+def test_the_agent_says_serving_only_once_every_check_passes(web: int) -> None:
+    ok = serving.wait({"address": "127.0.0.1", "checks": [{"port": web, "path": "/healthz"}, {"port": web}]})
+    assert ok["serving"] and ok["seconds"] >= 0
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        closed = s.getsockname()[1]
+    no = serving.wait({"address": "127.0.0.1", "checks": [{"port": web}, {"port": closed}], "timeout": 0.1})
+    assert not no["serving"] and f"port {closed}" in no["why"]
+    bad = serving.wait({"address": "127.0.0.1", "checks": [{"port": web, "path": "/other"}], "timeout": 0.1})
+    assert not bad["serving"] and "HTTP 503" in bad["why"]
+    with pytest.raises(Exception, match="not a pod address"):
+        serving.wait({"address": "web; rm -rf /", "checks": [{"port": web}]})
