@@ -232,41 +232,26 @@ def wait_for_stream(
         fail(glob, state, f"criu page-server for {src} failed: {_tail(images / 'page-server.log')}")
 
 
-def lazy_daemon(glob: list[str], state: Path, src: Path, work: Path, criu: str) -> None:
-    """``criu lazy-pages`` for a post-copy restore, fetching from the source through the agent's relay
-    (its port in ``lazy.json``); it outlives this process and ends when every page has moved."""
-    port = int(json.loads((src / "lazy.json").read_text())["port"])
+def lazy_daemon(src: Path, work: Path, criu: str, port: int | None = None) -> bool:
+    """``criu lazy-pages`` for a restore that runs before its memory is in: from the source through the
+    agent's relay at ``port`` (post-copy), or, without one, from the images a streamed dump's page
+    server wrote here (the lab engine's stream restore). It outlives this process and ends when every
+    page has moved; its pid in ``lazy-daemon.pid`` (the agent wakes the faults it drops, waits for its
+    end), its log beside it. False when it does not start."""
+    remote = ["--page-server", "--address", "127.0.0.1", "--port", str(port)] if port is not None else []
     daemon = subprocess.Popen(
-        [criu, "lazy-pages", "--page-server", "--address", "127.0.0.1", "--port", str(port), "-D",
-         str(src / "checkpoint"), "-W", str(work), "-o", "lazy-pages.log", "-v2"],
+        [criu, "lazy-pages", *remote, "-D", str(src / "checkpoint"), "-W", str(work),
+         "-o", str(src / "lazy-pages.log"), "-v2"],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
-    (src / "lazy-daemon.pid").write_text(str(daemon.pid))  # the agent wakes the faults it drops (runtime.uffd)
     until = time.monotonic() + 30
-    while not (work / "lazy-pages.socket").exists():
-        if daemon.poll() is not None or time.monotonic() > until:
-            daemon.kill()
-            fail(glob, state, f"criu lazy-pages did not start for {src}: {_tail(work / 'lazy-pages.log')}")
-        time.sleep(0.005)
-
-
-def local_lazy_daemon(src: Path, work: Path, criu: str) -> bool:
-    """``criu lazy-pages`` serving a streamed restore's pages from the images the page server wrote
-    here: the copy runs as soon as its tasks are restored, the daemon copying its memory in behind
-    it (the lab engine's stream restore). False when it does not start: the restore reads them all."""
-    daemon = subprocess.Popen(
-        [criu, "lazy-pages", "-D", str(src / "checkpoint"), "-W", str(work), "-o", str(src / "lazy-pages.log"),
-         "-v2"],
-        stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
-    until = time.monotonic() + 10
     while not (work / "lazy-pages.socket").exists():
         if daemon.poll() is not None or time.monotonic() > until:
             daemon.kill()
             daemon.wait()
             return False
         time.sleep(0.005)
-    (src / "lazy-daemon.pid").write_text(str(daemon.pid))  # the agent wakes its dropped faults, waits for its end
+    (src / "lazy-daemon.pid").write_text(str(daemon.pid))
     return True
 
 
@@ -347,9 +332,11 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
     work = state / cid / "work"
     work.mkdir(mode=0o700, parents=True, exist_ok=True)
     if lazy:
-        lazy_daemon(glob, state, src, work, cfg["criu"])
+        port = int(json.loads((src / "lazy.json").read_text())["port"])  # the agent's end of the relay
+        if not lazy_daemon(src, work, cfg["criu"], port):
+            fail(glob, state, f"criu lazy-pages did not start for {src}: {_tail(src / 'lazy-pages.log')}")
     # pages a page server wrote (a container dumped whole brings few, and restores them at once)
-    local = streamed and not lazy and _served(src) and local_lazy_daemon(src, work, cfg["criu"])
+    local = streamed and not lazy and _served(src) and lazy_daemon(src, work, cfg["criu"])
     argv = [cfg["runc"], *glob, "restore", "--detach", "--no-subreaper", "--bundle", str(bundle),
             "--image-path", str(src / "checkpoint"), "--work-path", str(work)]  # fmt: skip
     for flag in ("--pid-file", "--console-socket"):
