@@ -173,6 +173,32 @@ def test_pods_get_their_nodes_pod_network_and_cannot_open_connections_into_the_l
     kube.kubectl(["delete", "pod", "netpod", "-n", "default", "--wait=true"])
 
 
+def test_each_node_leases_pod_addresses_from_its_own_store_and_does_not_reuse_one_at_once(kube: KubeCluster) -> None:
+    """A freed address given at once to the next pod let clients' stale conntrack entries (and
+    kube-proxy's rules not yet rewritten) reach a pod they were never sent to."""
+    store = "/var/lib/cni/networks/pods"
+
+    image = workload_image().replace(layout.REGISTRY, NODE_REGISTRY)
+
+    def start(name: str) -> str:
+        pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+               "spec": {"nodeName": "node-b", "terminationGracePeriodSeconds": 1,
+                        "containers": [{"name": "heap", "image": image,
+                                        "env": [{"name": "HEAP_MB", "value": "1"}]}]}}  # fmt: skip
+        kube.kubectl(["apply", "-f", "-"], input=json.dumps(pod))
+        kube.kubectl(["wait", "--for", "condition=Ready", f"pod/{name}", "-n", "default", "--timeout=120s"])
+        return str(kube.kubectl(["get", "pod", name, "-n", "default", "-o", "jsonpath={.status.podIP}"]).stdout)
+
+    first = start("leasepod-1")
+    assert first in kube.lab.run("node-b", ["ls", store]).stdout.split()
+    assert first not in kube.lab.run("node-a", ["ls", "-a", store], check=False).stdout.split()
+    kube.kubectl(["delete", "pod", "leasepod-1", "-n", "default", "--wait=true"])
+    assert first not in kube.lab.run("node-b", ["ls", store]).stdout.split()  # released, not leaked
+    second = start("leasepod-2")
+    assert second != first
+    kube.kubectl(["delete", "pod", "leasepod-2", "-n", "default", "--wait=true"])
+
+
 def test_kube_proxy_programs_a_services_cluster_ip_in_nftables_and_leaves_conntrack_alone(kube: KubeCluster) -> None:
     conntrack_max = Path("/proc/sys/net/netfilter/nf_conntrack_max").read_text()
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "svcpod", "namespace": "default",

@@ -51,6 +51,7 @@ CRIU_CONF_EXTRA = "tcp-close\n"  # added to the node's default runc.conf
 KUBELET_DIR = "/var/lib/kubelet"  # the checkpoints the kubelet asks for go to its checkpoints/ subdirectory
 POD_LOGS = "/var/log/pods"
 CNI_CONF_DIR = "/etc/cni/net.d"
+CNI_STATE_DIR = "/var/lib/cni"
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
 
 RUNC_NOCG_SCRIPT = """#!/bin/sh
@@ -130,6 +131,10 @@ def prepare_node(base: Path, node: str, bind: Callable[[str, str], object]) -> N
         ("kubelet", KUBELET_DIR),
         ("cni-net.d", CNI_CONF_DIR),  # the node's pod network (podmigrate.kube writes it)
         ("pod-logs", POD_LOGS),
+        ("container-logs", "/var/log/containers"),  # the kubelet's links into pod-logs
+        # host-local's leases: in the shared node image every node of every lab wrote one
+        # last_reserved_ip, so a freed pod address went at once to the next pod of any node
+        ("cni-state", CNI_STATE_DIR),
         ("podmigrate-restore", RESTORE_DIR),
     ):
         (base / sub).mkdir(parents=True, exist_ok=True)
