@@ -1,6 +1,6 @@
-"""A streamed migration's Service handover without a cluster: the operator's EndpointSlices on the
-in-memory fake API (``tests/fake_kube.py``; on upstream Kubernetes: ``tests/test_kube_stream.py``),
-and the agent's serving check against real servers on loopback."""
+"""A streamed or decoupled migration's Service handover without a cluster: the operator's
+EndpointSlices on the in-memory fake API (``tests/fake_kube.py``; on upstream Kubernetes:
+``tests/test_kube_stream.py``), and the agent's serving check against real servers on loopback."""
 
 from __future__ import annotations
 
@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
+from podmigrate.errors import PodmigrateError
 from podmigrate.k8s import api as k
-from podmigrate.k8s import handover, serving
+from podmigrate.k8s import handover, phases, serving
 from podmigrate.k8s.agents import Config
 from podmigrate.k8s.context import INSTANCE, Ctx, K8sRecord
 
@@ -142,3 +143,65 @@ def test_the_agent_says_serving_only_once_every_check_passes(web: int) -> None:
     assert not bad["serving"] and "HTTP 503" in bad["why"]
     with pytest.raises(Exception, match="not a pod address"):
         serving.wait({"address": "web; rm -rf /", "checks": [{"port": web}]})
+
+
+class FakeAgents:
+    """The node agents (named fake): each call, with what a proxy served when it came."""
+
+    def __init__(self, ctx: Ctx) -> None:
+        self.ctx = ctx
+        self.calls: list[tuple[str, list[Any], dict[str, Any]]] = []
+
+    def call(self, node: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        svc = self.ctx.api.get(k.services(NS, "web")) or {}
+        self.calls.append((path, [s["endpoints"] for s in ours(self.ctx)], svc["spec"]["selector"]))
+        if path == "/v1/checkpoints":
+            return {"archives": {"server": {"path": "/var/lib/kubelet/checkpoints/x.tar"}}}
+        return {"deleted": {"/var/lib/kubelet/checkpoints/x.tar": True}}
+
+
+@pytest.fixture
+def decoupled(ctx: Ctx) -> Ctx:
+    ctx.spec.update(mode="decoupled", timeouts={"checkpointSeconds": 60, "restoreSeconds": 60})
+    ctx.rec["containers"], ctx.rec["source"] = ["server"], "node-a"
+    ctx.agents = FakeAgents(ctx)  # type: ignore[assignment]
+    return ctx
+
+
+def test_a_decoupled_source_stays_served_while_the_kubelets_checkpoint_fails_its_readiness(decoupled: Ctx) -> None:
+    ctx, agents = decoupled, decoupled.agents
+    phases.checkpoint(ctx)
+    # the operator's slice held the source before the kubelet froze it
+    (call,) = agents.calls  # type: ignore[attr-defined]
+    assert call[0] == "/v1/checkpoints" and call[1] == [[endpoint("web-src", "10.0.0.2")]]
+    assert call[2][INSTANCE] == "handed-over-m1-id"
+    controller_slice(ctx.api, endpoint("web-src", "10.0.0.2", ready=False))  # type: ignore[arg-type]
+    (mine,) = ours(ctx)  # its probe failed while frozen: the controller's slice says so, ours serves it on
+    assert mine["endpoints"] == [endpoint("web-src", "10.0.0.2")]
+    ctx.rec["pod_ip"] = "10.0.1.7"
+    phases.cutover(ctx)  # one write, to the copy's address
+    (mine,) = ours(ctx)
+    assert [e["addresses"] for e in mine["endpoints"]] == [["10.0.1.7"]]
+    assert (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"][INSTANCE] == "handed-over-m1-id"
+
+
+def test_a_decoupled_checkpoint_undone_gives_the_services_back_and_deletes_the_archives(decoupled: Ctx) -> None:
+    ctx = decoupled
+    phases.checkpoint(ctx)
+    said = phases.undo_checkpoint(ctx)
+    assert said == "deleted archives ['/var/lib/kubelet/checkpoints/x.tar']"
+    assert ours(ctx) == []
+    assert (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"] == {"app": "web"}
+
+
+def test_a_service_deleted_before_the_switch_is_refused_and_released_without_waiting(ctx: Ctx) -> None:
+    handover.take(ctx)
+    del ctx.api.objects[k.services(NS, "web")]  # type: ignore[attr-defined]
+    with pytest.raises(PodmigrateError, match=r"Services \['web'\] were deleted during the migration"):
+        handover.switch(ctx, "10.0.1.7")
+    (mine,) = ours(ctx)
+    assert [e["addresses"] for e in mine["endpoints"]] == [["10.0.0.2"]]  # not switched
+    # the rollback: no controller will list the source for a Service that is gone; nothing waits for it
+    controller_slice(ctx.api, endpoint("web-src", "10.0.0.2", ready=False))  # type: ignore[arg-type]
+    assert handover.release(ctx, "web-src", 60.0) is None
+    assert ours(ctx) == []

@@ -105,6 +105,12 @@ def switch(ctx: Ctx, pod_ip: str) -> None:
             "uid": (copy.get("metadata") or {}).get("uid", ""),
         },
     }
+    # a slice of a deleted Service serves nothing: the copy would take over no client
+    if gone := sorted(svc for svc in rec.get("handover") or {} if ctx.api.get(k.services(ctx.ns, svc)) is None):
+        raise PodmigrateError(
+            f"Services {gone} were deleted during the migration: no client would reach the copy",
+            hint="the migration rolls back and the source runs on; recreate them and migrate again",
+        )
     for names in (rec.get("handover") or {}).values():
         for name in names:
             ctx.api.patch(slices(ctx.ns, name), {"endpoints": [endpoint]})
@@ -118,7 +124,7 @@ def release(ctx: Ctx, pod: str, timeout: float) -> str | None:
     rec = ctx.rec
     set_selectors(ctx, None)
     deadline = time.monotonic() + timeout
-    waiting = list(rec.get("handover") or {})
+    waiting = [svc for svc in rec.get("handover") or {} if ctx.api.get(k.services(ctx.ns, svc)) is not None]
     while waiting and time.monotonic() < deadline:
         waiting = [svc for svc in waiting if not any(_listed(s, pod, ready=True) for s in _controllers(ctx, svc))]
         if waiting:

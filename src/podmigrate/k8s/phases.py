@@ -5,7 +5,9 @@ creates and waits for pods; the node agent (``k8s.agent``, through ``k8s.agents`
 packages. ``isolate`` takes the source out of its Services (their selectors then match no pod), so
 in stop-copy no request reaches it after its checkpoint; ``cutover`` pins each Service's selector to
 the copy with the ``podmigrate.io/instance`` label: one API write per Service, after which exactly
-one pod serves; ``cleanup`` deletes the source pod, the archives and the images, failures are warnings.
+one pod serves. Decoupled and streamed migrations hand their Services over instead (``k8s.handover``:
+the operator's EndpointSlices, taken before the checkpoint, switched to the copy at the cutover).
+``cleanup`` deletes the source pod, the archives and the images, failures are warnings.
 """
 
 from __future__ import annotations
@@ -112,6 +114,11 @@ def undo_stop(ctx: Ctx) -> str:
 def checkpoint(ctx: Ctx) -> None:
     if ctx.rec.get("transport") == "stream":
         return stream_phases.checkpoint(ctx)
+    if ctx.spec["mode"] == "decoupled":
+        # the kubelet's checkpoint freezes the source for seconds: its readiness probe fails, the
+        # controller drops it from the Services and adds it back, and clients are refused meanwhile.
+        # The operator's slices keep it served, and make the cutover one write.
+        handover.take(ctx)
     out = ctx.agents.call(
         ctx.rec["source"],
         "/v1/checkpoints",
@@ -130,6 +137,8 @@ def checkpoint(ctx: Ctx) -> None:
 def undo_checkpoint(ctx: Ctx) -> str:
     if ctx.rec.get("transport") == "stream":
         return stream_phases.undo_checkpoint(ctx)
+    if "handover" in ctx.rec:
+        _warn(handover.release(ctx, ctx.spec["podName"], stream_phases.HANDBACK_S))
     body = {"checkpoint_id": ctx.rec["id"], "containers": ctx.rec["containers"]}
     out = ctx.agents.call(ctx.rec["source"], "/v1/archives/delete", body)
     return f"deleted archives {sorted(p for p, was in out['deleted'].items() if was)}"
@@ -186,7 +195,7 @@ def restore(ctx: Ctx) -> None:
     if rec.get("transport") == "stream":  # the copy exists since page-server, and serves before it is Ready
         handover.wait_serving(ctx)
         return
-    if "isolated_at" not in rec:
+    if "isolated_at" not in rec and "handover" not in rec:
         # make-before-break: pin the Services to the source first, or the copy would join them (and two
         # pods serve) as soon as it is ready, before the cutover chose it
         src = ctx.spec["podName"]
@@ -194,7 +203,8 @@ def restore(ctx: Ctx) -> None:
         set_selectors(ctx, src)
     if ctx.api.get(k.pods(ctx.ns, rec["restored"])) is None:  # resumed: it may exist already
         ctx.api.create(k.pods(ctx.ns), _copy(ctx))
-    wait_ready(ctx, rec["restored"], ctx.spec["timeouts"]["restoreSeconds"])
+    copy = wait_ready(ctx, rec["restored"], ctx.spec["timeouts"]["restoreSeconds"])
+    rec["pod_ip"] = str((copy.get("status") or {}).get("podIP") or "")
 
 
 def _copy(ctx: Ctx) -> dict[str, Any]:
@@ -240,7 +250,7 @@ def undo_restore(ctx: Ctx) -> str:
 def cutover(ctx: Ctx) -> None:
     if ctx.spec["mode"] == "decoupled":  # for the drain before the source goes (cleanup)
         ctx.rec["proxy_marks"] = proxies.mark(ctx)
-    if ctx.rec.get("transport") == "stream":  # one write: the operator's slices list the copy
+    if "handover" in ctx.rec:  # one write: the operator's slices list the copy
         handover.switch(ctx, ctx.rec["pod_ip"])
         ctx.rec["cutover_at"] = time.time()
         return
@@ -260,7 +270,7 @@ def cleanup(ctx: Ctx) -> None:
     if rec.get("transport") == "stream" and ctx.spec["mode"] != "decoupled":  # frozen since its dump
         steps.append(("end the frozen source", lambda: stream_phases.end_source(ctx)))
     # with the source gone the Services' own selectors pick the copy alone: give them back unpinned
-    if rec.get("transport") == "stream":  # and the operator's slices go once the controller lists the copy
+    if "handover" in rec:  # and the operator's slices go once the controller lists the copy
         steps.append(("hand the Services back", lambda: _warn(handover.release(ctx, rec["restored"], _handback(ctx)))))
     else:
         steps.append(("restore the Services' selectors", lambda: set_selectors(ctx, None)))

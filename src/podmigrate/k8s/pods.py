@@ -86,8 +86,9 @@ def wait_ready(
     timeout: float,
     cancellable: bool = True,
     serving: Callable[[dict[str, Any]], bool] | None = None,
-) -> None:
-    """Until pod ``name`` is Ready, or ``serving(pod)`` says it serves (whichever comes first)."""
+) -> dict[str, Any]:
+    """Until pod ``name`` is Ready, or ``serving(pod)`` says it serves (whichever comes first): the pod
+    as it was then."""
     deadline = time.monotonic() + timeout
     last = ""
     while time.monotonic() < deadline:
@@ -100,7 +101,7 @@ def wait_ready(
                 hint="kubectl get events; check the target node",
             )
         if k.pod_ready(pod) or (serving is not None and serving(pod)):
-            return
+            return pod
         st = pod.get("status") or {}
         if st.get("phase") == "Failed":
             raise PodmigrateError(
