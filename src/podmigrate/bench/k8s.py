@@ -10,8 +10,8 @@ Service switch), the blackout in its record (the time the Service selected no re
 and cold) and drift (decoupled: the source served on after its checkpoint), and beside them what a
 client on the LAN saw (``kube.prober``: 50 Hz through the Service's NodePort, a new connection per
 probe): the longest run of failed probes and whether the state it read ever went back; bytes, and
-whether the heap came over (SHA-256 and start time). ``podmigrate bench k8s`` runs it; ``report``
-renders ``k8s.json``.
+whether the heap came over (SHA-256 and start time); every probe of a run in ``probes/<run>.json``.
+``podmigrate bench k8s`` runs it; ``report`` renders ``k8s.json``.
 """
 
 from __future__ import annotations
@@ -42,6 +42,7 @@ KUBE_METHODS = (
 )  # fmt: skip
 METHODS = (*KUBE_METHODS, *k8s_targets.ENGINE)
 CUTOVER_WINDOW_S = 1.0  # failed probes from this long before the Service switch count as at the cutover
+MARKS = ("isolated_at", "frozen_at", "checkpointed_at", "cutover_at")  # the record's times, beside the probes
 NS = "default"
 
 
@@ -112,6 +113,8 @@ def one(cluster: KubeCluster, pod: str, method: str, heap_mb: int, index: int, p
     else:
         row["pod"] = pod  # rolled back: the source serves on
     cluster.kubectl(["delete", "plm", name, "-n", NS], check=False)
+    rec = st.get("record") or {}
+    row["_probes"] = {"samples": probes.samples, "record": {k: rec.get(k) for k in MARKS if k in rec}}
     return row
 
 
@@ -158,6 +161,9 @@ def run(
                 else:
                     row = one(cluster, pod, method, heap, index, port)
                 row["warmup"], row["pleg"] = r < warmup, pleg
+                if probes := row.pop("_probes", None):  # each answer, for what a summary cannot show
+                    (out_dir / "probes").mkdir(exist_ok=True)
+                    (out_dir / "probes" / f"{index}.json").write_text(json.dumps({"row": row, **probes}))
                 rows.append(row)
                 with open(out_dir / "k8s.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")

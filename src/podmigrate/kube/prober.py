@@ -29,6 +29,7 @@ def probe(t0, m0):
     out = {"t": t0}
     try:
         with socket.create_connection((host, port), timeout=limit) as s:
+            out["port"] = s.getsockname()[1]
             s.sendall(request)
             data = b""
             while True:
@@ -60,7 +61,8 @@ pool.shutdown(wait=True)
 @dataclass
 class Prober:
     """``with Prober(lab, host, port) as p: ...``: probes from the LAN until the block ends; then
-    ``p.samples`` (each: ``t``, ``ok``, ``dt`` and the answer's fields, or ``error``)."""
+    ``p.samples`` (each: ``t``, ``ok``, ``dt`` and the answer's fields, or ``error``; ``port``, the
+    client's, once connected: what finds its entry in a node's conntrack table)."""
 
     lab: Lab
     host: str

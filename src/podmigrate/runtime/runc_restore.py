@@ -51,6 +51,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -129,7 +130,7 @@ def fail(glob: list[str], state: Path, message: str) -> NoReturn:
 def note(state: Path, line: str) -> None:
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(state / "podmigrate-runc.log", "a") as f:
-        f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {line}\n")
+        f.write(f"{datetime.now().isoformat(timespec='milliseconds')} {line}\n")  # a blackout's steps are ms
 
 
 def restore_source(annotations: dict[str, str], restore_dir: Path) -> Path | None:
@@ -319,6 +320,7 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
             fail(glob, state, str(e))
         if not (pending / VERIFIED).exists():
             wait_for_stream(glob, state, pending, wait, cfg["criu"], lazy, pod_ip(spec))
+            note(state, f"{cid}: the checkpoint of {name} came in and was verified")
     try:
         src = restore_source(annotations, Path(cfg["restore_dir"]))
     except Refused as e:
