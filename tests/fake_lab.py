@@ -32,8 +32,9 @@ from podmigrate import layout
 from podmigrate.agent import tls
 from podmigrate.agent.http import App
 from podmigrate.client import AgentClient
+from podmigrate.engine.cluster import Cluster
 from podmigrate.errors import PodmigrateError, RuntimeBackendError, TransportError, UsageError
-from podmigrate.lab.handle import LabHandle
+from podmigrate.lab.cluster import Lab
 from podmigrate.transport import seal
 
 TOKEN = "fake-token"
@@ -463,7 +464,7 @@ class World:
 
 
 class FakeLab:
-    """A ``lab.handle.LabHandle`` over a ``World``."""
+    """An ``engine.cluster.Cluster`` over a ``World``."""
 
     def __init__(self, directory: Path, world: World | None = None):
         self.name = "fake"
@@ -483,5 +484,5 @@ class FakeLab:
         pass
 
 
-def _conforms(lab: FakeLab) -> LabHandle:
-    return lab  # mypy: the fake is a LabHandle like lab.cluster.Lab
+def _conforms(fake: FakeLab, lab: Lab) -> tuple[Cluster, Cluster]:
+    return fake, lab  # mypy: the fake and the lab are both what the engine runs on

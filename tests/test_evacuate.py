@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
+from podmigrate import cordon
 from podmigrate.engine import controller
 from podmigrate.engine.controller import Plan, migrate
 from podmigrate.engine.evacuate import Evacuation, dry_run
 from podmigrate.engine.schedule import GB
 from podmigrate.errors import UsageError
-from podmigrate.lab import cordon
 from tests.fake_lab import FakeLab, World
 
 

@@ -7,8 +7,9 @@ from typing import Any
 
 import pytest
 
+from podmigrate import cordon
 from podmigrate.engine import watch
-from podmigrate.lab import cordon, notice
+from podmigrate.lab import notice
 from podmigrate.workload import manage
 
 from .conftest import wait_for
@@ -42,7 +43,7 @@ def test_at_the_deadline_what_is_still_on_the_node_is_stopped_and_reported(lab: 
     w = workload("node-a", 16)
     try:
         posted = notice.post(lab, "node-a", 2)
-        assert notice.notices(lab)["node-a"]["time"] == posted["instance_action"]["time"]
+        assert watch.notices(lab)["node-a"]["time"] == posted["instance_action"]["time"]
         gone = wait_for(lambda: notice.terminated(lab, "node-a"), 60, "the node's deadline")
         assert w["name"] in gone["stopped"] and w["ip"] in gone["routes_removed"]
         states = {c["name"]: c["state"] for c in manage.inventory(lab)["node-a"]}
@@ -55,4 +56,4 @@ def test_at_the_deadline_what_is_still_on_the_node_is_stopped_and_reported(lab: 
         assert w["ip"] not in routed
     finally:
         notice.withdraw(lab, "node-a")
-    assert "node-a" not in notice.notices(lab)
+    assert "node-a" not in watch.notices(lab)

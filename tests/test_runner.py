@@ -324,7 +324,7 @@ def holder(lab: FakeLab, workload: str) -> Any:
     import sys
 
     code = (
-        "import sys, time, pathlib; from podmigrate.lab.claims import Claims; "
+        "import sys, time, pathlib; from podmigrate.claims import Claims; "
         f"Claims(pathlib.Path({str(lab.dir)!r})).take({workload!r}, 'other-mig'); print('held', flush=True); "
         "time.sleep(60)"
     )

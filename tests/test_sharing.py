@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from podmigrate import layout, procs
+from podmigrate.claims import Claims
 from podmigrate.lab import tunables
-from podmigrate.lab.claims import Claims
 from tests.conftest import wait_for
 
 

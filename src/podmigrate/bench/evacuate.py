@@ -17,12 +17,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from podmigrate import cordon
 from podmigrate.bench import memory, suite
 from podmigrate.engine import parking
 from podmigrate.engine.controller import Plan, migrate, restore
 from podmigrate.engine.evacuate import Evacuation
 from podmigrate.errors import PodmigrateError
-from podmigrate.lab import cordon
 from podmigrate.lab.cluster import Lab
 from podmigrate.workload import manage
 from podmigrate.workload.image import ready_lab

@@ -127,7 +127,7 @@ def render_result(rec: dict[str, Any]) -> None:
 @click.pass_context
 def lab_cordon(ctx: click.Context, node: str) -> None:
     """Keep new workloads and migrations off NODE (as kubectl cordon)."""
-    from podmigrate.lab import cordon
+    from podmigrate import cordon
 
     the_lab = get_lab(ctx)
     the_lab.require_up()
@@ -142,7 +142,7 @@ def lab_cordon(ctx: click.Context, node: str) -> None:
 @click.pass_context
 def lab_uncordon(ctx: click.Context, node: str) -> None:
     """Let workloads start on and migrate to NODE again."""
-    from podmigrate.lab import cordon
+    from podmigrate import cordon
 
     was = cordon.uncordon(get_lab(ctx), node)
     out.print(f"{node} uncordoned" if was else f"{node} was not cordoned")

@@ -16,8 +16,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
 
-from podmigrate import layout, procs, transport
+from podmigrate import cordon, layout, procs, transport
+from podmigrate.claims import Claims
 from podmigrate.engine import parking, paths, plans, summary
+from podmigrate.engine.cluster import Cluster
 from podmigrate.engine.phases import PROBE_FROM, Ctx, Report, implementations
 from podmigrate.engine.phases.traffic import release_target_memory, start_probe, stop_probe_quietly
 from podmigrate.engine.phases.validate import parse_probe
@@ -26,9 +28,6 @@ from podmigrate.engine.record import PhaseEntry, PlanDict, Record, Rollback, Sto
 from podmigrate.engine.runner import Phase, Runner, as_error
 from podmigrate.engine.signals import Abandoned, interruptible
 from podmigrate.errors import AgentError, MigrationFailed, PodmigrateError, UsageError
-from podmigrate.lab import cordon
-from podmigrate.lab.claims import Claims
-from podmigrate.lab.handle import LabHandle
 from podmigrate.transport.registry import repository_component
 
 __all__ = [
@@ -74,7 +73,7 @@ class Plan:
     old_paths: tuple[str, ...] = ()
 
 
-def store_for(lab: LabHandle) -> Store:
+def store_for(lab: Cluster) -> Store:
     return Store(lab.dir / "state.db")
 
 
@@ -175,7 +174,7 @@ def new_record(plan: Plan) -> Record:
     }
 
 
-def check_request(lab: LabHandle, plan: Plan) -> None:
+def check_request(lab: Cluster, plan: Plan) -> None:
     if plan.mode == PARK:
         lab.require_up()
         return
@@ -198,18 +197,18 @@ def check_request(lab: LabHandle, plan: Plan) -> None:
     cordon.refuse_if_cordoned(lab, plan.target, "migrating a workload")
 
 
-def migrate(lab: LabHandle, plan: Plan, report: Report = lambda _m: None) -> Record:
+def migrate(lab: Cluster, plan: Plan, report: Report = lambda _m: None) -> Record:
     """Run one migration; returns its record, or raises MigrationFailed after rolling back."""
     check_request(lab, plan)
     return _run(lab, new_record(plan), report)
 
 
-def park(lab: LabHandle, workload: str, report: Report = lambda _m: None) -> Record:
+def park(lab: Cluster, workload: str, report: Report = lambda _m: None) -> Record:
     """Checkpoint ``workload`` into the registry and leave it there, for ``restore``."""
     return migrate(lab, Plan(workload, "", PARK, "registry"), report)
 
 
-def restore(lab: LabHandle, workload: str, target: str, report: Report = lambda _m: None) -> Record:
+def restore(lab: Cluster, workload: str, target: str, report: Report = lambda _m: None) -> Record:
     """Restore a parked ``workload`` on ``target``, its state checked against the parked one; a
     failure leaves it parked."""
     entry, key = parking.load(lab, workload)
@@ -225,7 +224,7 @@ def restore(lab: LabHandle, workload: str, target: str, report: Report = lambda 
     return _run(lab, rec, report, key)
 
 
-def _run(lab: LabHandle, record: Record, report: Report, key: str | None = None) -> Record:
+def _run(lab: Cluster, record: Record, report: Report, key: str | None = None) -> Record:
     plan = record["plan"]
     store = store_for(lab)
     recover(lab, store, report)
@@ -282,7 +281,7 @@ def _run(lab: LabHandle, record: Record, report: Report, key: str | None = None)
         ctx.close()
 
 
-def recover(lab: LabHandle, store: Store, report: Report = lambda _m: None) -> list[Record]:
+def recover(lab: Cluster, store: Store, report: Report = lambda _m: None) -> list[Record]:
     """Finish what dead controllers left (see ``engine.plans`` for the policy); the records."""
     done: list[Record] = []
     running = {mid for mid, _ in Claims(lab.dir).busy().values()}

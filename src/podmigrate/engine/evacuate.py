@@ -34,18 +34,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from podmigrate import cordon
 from podmigrate.engine import rates as rates_mod
 from podmigrate.engine import schedule
+from podmigrate.engine.cluster import Cluster
 from podmigrate.engine.controller import DEFAULT_TRANSPORT, Plan, store_for
 from podmigrate.engine.controller import migrate as run_migration
 from podmigrate.engine.phases import Report
 from podmigrate.engine.record import Record
 from podmigrate.engine.schedule import EvacuationPlan, Factor, Rate, Step, Target, Workload
 from podmigrate.errors import PodmigrateError, UsageError
-from podmigrate.lab import cordon
-from podmigrate.lab.handle import LabHandle
 
-Migrate = Callable[[LabHandle, Plan, Report], Record]
+Migrate = Callable[[Cluster, Plan, Report], Record]
 RESERVE = 0.15  # every step planned to end this fraction before the deadline
 TARGET_PHASES = {"page-server", "transfer", "pull", "restore", "start", "pages"}
 
@@ -80,7 +80,7 @@ class Outcome:
         return f"pod {self.pod}" if self.pod else self.workload
 
 
-def survey(lab: LabHandle, node: str) -> list[Workload]:
+def survey(lab: Cluster, node: str) -> list[Workload]:
     """The running workloads on ``node``: each container, each pod once (by its first member)."""
     if node not in lab.nodes:
         raise UsageError(
@@ -102,7 +102,7 @@ def survey(lab: LabHandle, node: str) -> list[Workload]:
     return out
 
 
-def targets(lab: LabHandle, names: list[str]) -> tuple[list[Target], dict[str, str]]:
+def targets(lab: Cluster, names: list[str]) -> tuple[list[Target], dict[str, str]]:
     """Free memory and disk of each node in ``names`` that answers; the others with why not."""
     found: list[Target] = []
     down: dict[str, str] = {}
@@ -120,19 +120,19 @@ def targets(lab: LabHandle, names: list[str]) -> tuple[list[Target], dict[str, s
     return found, down
 
 
-def records_dir(lab: LabHandle) -> Path:
+def records_dir(lab: Cluster) -> Path:
     d = lab.dir / "evacuations"
     d.mkdir(mode=0o700, exist_ok=True)
     return d
 
 
-def slowdowns(lab: LabHandle, rates: dict[str, Rate]) -> tuple[dict[int, Factor], str]:
+def slowdowns(lab: Cluster, rates: dict[str, Rate]) -> tuple[dict[int, Factor], str]:
     """How much slower several migrations at once were, from this lab's past evacuations."""
     return rates_mod.slowdowns(sorted(records_dir(lab).glob("ev-*.json")), rates)
 
 
 @contextmanager
-def exclusive(lab: LabHandle, node: str) -> Iterator[None]:
+def exclusive(lab: Cluster, node: str) -> Iterator[None]:
     """One evacuation of a node at a time, across processes (the lock goes with the process)."""
     path = records_dir(lab) / f"{node}.lock"
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
@@ -175,7 +175,7 @@ class Evacuation:
 
     def __init__(
         self,
-        lab: LabHandle,
+        lab: Cluster,
         node: str,
         deadline_s: float = 120.0,
         to: list[str] | None = None,

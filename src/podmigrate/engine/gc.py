@@ -12,17 +12,16 @@ import json
 from typing import Any
 
 from podmigrate import layout
-from podmigrate.engine import parking
+from podmigrate.claims import Claims
+from podmigrate.engine import inventory, parking
+from podmigrate.engine.cluster import Cluster
 from podmigrate.engine.controller import recover, store_for
-from podmigrate.lab.claims import Claims
-from podmigrate.lab.cluster import Report
-from podmigrate.lab.handle import LabHandle
-from podmigrate.workload import manage
+from podmigrate.engine.phases.context import Report
 
 CHECKPOINT_REPOS = "podmigrate/checkpoints/"
 
 
-def collect(lab: LabHandle, dry_run: bool = False, report: Report = lambda _m: None) -> dict[str, list[str]]:
+def collect(lab: Cluster, dry_run: bool = False, report: Report = lambda _m: None) -> dict[str, list[str]]:
     store = store_for(lab)
     if not dry_run:
         recover(lab, store, report)
@@ -30,7 +29,7 @@ def collect(lab: LabHandle, dry_run: bool = False, report: Report = lambda _m: N
     busy = Claims(lab.dir).busy()
     active = {r["id"] for r in store.active()} | {mid for mid, _ in busy.values()}
     found: dict[str, list[str]] = {"archives": [], "images": [], "containers": [], "routes": []}
-    inv = manage.inventory(lab)
+    inv = inventory.inventory(lab)
     running = {c["name"]: n for n, cs in inv.items() for c in cs if c["state"] == "running"}
     held = {ip for cs in inv.values() for c in cs if c["state"] == "running" for ip in c["ips"]}
     # a parked workload's image is its only copy, and its address is still its own
@@ -58,12 +57,12 @@ def collect(lab: LabHandle, dry_run: bool = False, report: Report = lambda _m: N
     node_agent = lab.agent(lab.nodes[0])
     lan = lab.agent("lan")
     try:
-        catalog = manage.lan_get(lab, f"http://{layout.REGISTRY}/v2/_catalog")
+        catalog = inventory.lan_get(lab, f"http://{layout.REGISTRY}/v2/_catalog")
         repos = json.loads(catalog["body"]).get("repositories", []) if catalog["ok"] else []
         for repo in repos:
             if not repo.startswith(CHECKPOINT_REPOS):
                 continue
-            tags = manage.lan_get(lab, f"http://{layout.REGISTRY}/v2/{repo}/tags/list")
+            tags = inventory.lan_get(lab, f"http://{layout.REGISTRY}/v2/{repo}/tags/list")
             for tag in (json.loads(tags["body"]).get("tags") or []) if tags["ok"] else []:
                 if tag not in active:
                     ref = f"{layout.REGISTRY}/{repo}:{tag}"

@@ -17,12 +17,12 @@ import os
 from pathlib import Path
 from typing import Any
 
+from podmigrate.engine.cluster import Cluster
 from podmigrate.errors import UsageError
-from podmigrate.lab.handle import LabHandle
 from podmigrate.names import name as valid_name
 
 
-def _dir(lab: LabHandle) -> Path:
+def _dir(lab: Cluster) -> Path:
     d = lab.dir / "parked"
     d.mkdir(mode=0o700, exist_ok=True)
     return d
@@ -46,7 +46,7 @@ def _write(path: Path, text: str) -> None:
         os.close(dfd)
 
 
-def save(lab: LabHandle, entry: dict[str, Any], key: str | None) -> None:
+def save(lab: Cluster, entry: dict[str, Any], key: str | None) -> None:
     """Park ``entry`` (its ``workload`` names it); the key first, so an entry always has its key."""
     name = valid_name(entry["workload"], "workload name")
     d = _dir(lab)
@@ -55,7 +55,7 @@ def save(lab: LabHandle, entry: dict[str, Any], key: str | None) -> None:
     _write(d / f"{name}.json", json.dumps(entry, indent=2, default=str) + "\n")
 
 
-def load(lab: LabHandle, workload: str) -> tuple[dict[str, Any], str | None]:
+def load(lab: Cluster, workload: str) -> tuple[dict[str, Any], str | None]:
     """The parked entry of ``workload`` and its key (None if it was parked unsealed)."""
     name = valid_name(workload, "workload name")
     d = _dir(lab)
@@ -76,7 +76,7 @@ def load(lab: LabHandle, workload: str) -> tuple[dict[str, Any], str | None]:
     return entry, key
 
 
-def remove(lab: LabHandle, workload: str) -> bool:
+def remove(lab: Cluster, workload: str) -> bool:
     """Forget a parked workload (after its restore, or an undone park); whether it was parked."""
     name = valid_name(workload, "workload name")
     d = _dir(lab)
@@ -86,7 +86,7 @@ def remove(lab: LabHandle, workload: str) -> bool:
     return existed
 
 
-def listing(lab: LabHandle) -> list[dict[str, Any]]:
+def listing(lab: Cluster) -> list[dict[str, Any]]:
     out = []
     for p in sorted(_dir(lab).glob("*.json")):
         try:

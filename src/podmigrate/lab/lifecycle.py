@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 
 import podmigrate
 from podmigrate import layout, procs
+from podmigrate.claims import Claims
 from podmigrate.errors import LabError, PreflightError, UsageError
 from podmigrate.lab import host, preflight, tunables
-from podmigrate.lab.claims import Claims
 from podmigrate.lab.host import Report
 from podmigrate.pki import CA
 

@@ -4,8 +4,8 @@
 starts the node's *terminator*: a process of the lab (in its cgroup: ``lab down`` ends it) that
 waits until the notice's time and then does what the cloud would, stopping every container still
 running on the node (their service routes go with it), and records what it stopped in
-``<lab>/notices/<node>.json``: what had not moved by the deadline. ``notices`` reads every node's
-document (what ``podmigrate watch`` polls); ``withdraw`` takes one back before its time.
+``<lab>/notices/<node>.json``: what had not moved by the deadline. ``engine.watch.notices`` reads every
+node's document (what ``podmigrate watch`` polls); ``withdraw`` takes one back before its time.
 """
 
 from __future__ import annotations
@@ -23,17 +23,16 @@ from podmigrate import procs
 from podmigrate.agent.notice import document, parse_time
 from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.lab.cluster import Lab
-from podmigrate.lab.handle import LabHandle
 from podmigrate.lab.host import join
 
 
-def _dir(lab: LabHandle) -> Path:
+def _dir(lab: Lab) -> Path:
     d = lab.dir / "notices"
     d.mkdir(mode=0o700, exist_ok=True)
     return d
 
 
-def _pidfile(lab: LabHandle, node: str) -> Path:
+def _pidfile(lab: Lab, node: str) -> Path:
     return lab.dir / "pids" / f"terminator-{node}.pid"
 
 
@@ -67,7 +66,7 @@ def post(lab: Lab, node: str, in_s: float, action: str = "terminate") -> dict[st
     return {"node": node, "instance_action": doc, "in_s": in_s, "terminator_pid": proc.pid}
 
 
-def withdraw(lab: LabHandle, node: str) -> dict[str, str] | None:
+def withdraw(lab: Lab, node: str) -> dict[str, str] | None:
     """Take back ``node``'s notice and stop its terminator; the document it had, if any."""
     terminator = procs.read_pidfile(_pidfile(lab, node))  # by pid and start time: pids get reused
     if terminator is not None:
@@ -81,23 +80,7 @@ def withdraw(lab: LabHandle, node: str) -> dict[str, str] | None:
     return was
 
 
-def notices(lab: LabHandle) -> dict[str, dict[str, Any]]:
-    """Each node's instance-action document, with its deadline in epoch seconds (``at``)."""
-    out: dict[str, dict[str, Any]] = {}
-    for node in lab.nodes:
-        agent = lab.agent(node, timeout=10)
-        try:
-            doc = agent.get("/v1/notice")["instance_action"]
-        except PodmigrateError:
-            continue  # a node whose agent does not answer has no notice to give
-        finally:
-            agent.close()
-        if doc:
-            out[node] = {**doc, "at": parse_time(doc["time"])}
-    return out
-
-
-def terminated(lab: LabHandle, node: str) -> dict[str, Any] | None:
+def terminated(lab: Lab, node: str) -> dict[str, Any] | None:
     """What the terminator stopped on ``node`` at its deadline, once it has."""
     try:
         data: dict[str, Any] = json.loads((_dir(lab) / f"{node}.json").read_text())
@@ -106,7 +89,7 @@ def terminated(lab: LabHandle, node: str) -> dict[str, Any] | None:
     return data
 
 
-def terminate(lab: LabHandle, node: str, at: float) -> dict[str, Any]:
+def terminate(lab: Lab, node: str, at: float) -> dict[str, Any]:
     """At ``at``, stop every container running on ``node``, as the cloud ends the instance."""
     while (left := at - time.time()) > 0:
         time.sleep(min(left, 0.5))

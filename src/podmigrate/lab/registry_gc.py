@@ -4,7 +4,7 @@ distribution's registry frees blobs only in ``garbage-collect``, which must not 
 registry serves (a push in flight could lose a blob). ``collect`` stops the lab's registry (the
 supervisor's hold file keeps it down), runs ``docker-registry garbage-collect --delete-untagged``
 on its storage, and lets the supervisor start it again. ``podmigrate gc`` runs it when no migration
-holds a claim (``lab.claims``); the other images (the workload's, the pause image) are tagged and stay.
+holds a claim (``podmigrate.claims``); the other images (the workload's, the pause image) are tagged and stay.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from podmigrate import layout, procs
+from podmigrate.claims import Claims
 from podmigrate.errors import LabError
-from podmigrate.lab.claims import Claims
 from podmigrate.lab.cluster import Lab
 
 

@@ -8,97 +8,30 @@ hand with podman are found the same way.
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass
 from typing import Any
 
-from podmigrate import layout, names
+from podmigrate import cordon, layout, names
+from podmigrate.claims import Claims
+from podmigrate.engine.cluster import Cluster
+from podmigrate.engine.inventory import (
+    LABEL_KIND,
+    LABEL_PORT,
+    LABEL_PROBE,
+    Located,
+    inventory,
+    lan_get,
+    locate,
+    read_state,
+)
 from podmigrate.errors import PodmigrateError, UsageError
-from podmigrate.lab import cordon
-from podmigrate.lab.claims import Claims
 from podmigrate.lab.cluster import Lab, Report
-from podmigrate.lab.handle import LabHandle
-from podmigrate.runtime.base import ContainerInfo
 from podmigrate.workload.image import ensure_workload_image
 
-LABEL_KIND = "podmigrate.workload"
-LABEL_PORT = "podmigrate.port"
-LABEL_PROBE = "podmigrate.probe"
+__all__ = ["LABEL_KIND", "LABEL_PORT", "LABEL_PROBE", "Located", "inventory", "lan_get", "locate", "read_state"]
 
 
-@dataclass
-class Located:
-    node: str
-    container: ContainerInfo
-    others: list[tuple[str, ContainerInfo]]  # stopped copies elsewhere (leftovers of a failed run)
-
-    @property
-    def ips(self) -> list[str]:
-        return self.container["ips"]
-
-    @property
-    def port(self) -> int | None:
-        p = self.container["labels"].get(LABEL_PORT)
-        return int(p) if p else None
-
-    @property
-    def probe_path(self) -> str | None:
-        return self.container["labels"].get(LABEL_PROBE)
-
-
-def inventory(lab: LabHandle) -> dict[str, list[ContainerInfo]]:
-    result: dict[str, list[ContainerInfo]] = {}
-    for n in lab.nodes:
-        agent = lab.agent(n)
-        try:
-            result[n] = agent.get("/v1/containers")
-        finally:
-            agent.close()
-    return result
-
-
-def locate(lab: LabHandle, name: str, inv: dict[str, list[ContainerInfo]] | None = None) -> Located:
-    """The node running container (or pod) ``name``; UsageError if it runs nowhere."""
-    inv = inv if inv is not None else inventory(lab)
-    found: list[tuple[str, ContainerInfo]] = []
-    for node, ctrs in inv.items():
-        for c in ctrs:
-            if c["name"] == name or (c["id"].startswith(name) and len(name) >= 12):
-                found.append((node, c))
-    if not found and any(c["name"] == f"{name}-server" for cs in inv.values() for c in cs):
-        return locate(lab, f"{name}-server", inv)  # a pod started with --sidecar: its server
-    running = [f for f in found if f[1]["state"] == "running"]
-    if not found:
-        raise UsageError(
-            f"no container named {name!r} on any node of lab {lab.name!r}",
-            hint="list containers with: podmigrate lab status",
-        )
-    if len(running) > 1:
-        raise PodmigrateError(
-            f"container {name!r} runs on {len(running)} nodes at once: {', '.join(n for n, _ in running)}",
-            hint="stop all but one copy",
-        )
-    if not running:
-        node, c = found[0]
-        raise UsageError(
-            f"container {name!r} exists on {node} but is {c['state']}, not running",
-            hint=f"start it, or remove it: podmigrate lab exec {node} -- podman rm {name}",
-        )
-    node, c = running[0]
-    return Located(node, c, [f for f in found if f is not running[0]])
-
-
-def lan_get(lab: LabHandle, url: str, timeout: float = 30.0) -> dict[str, Any]:
-    lan = lab.agent("lan")
-    try:
-        res: dict[str, Any] = lan.post("/v1/http", {"url": url, "timeout": timeout}, timeout=timeout + 10)
-        return res
-    finally:
-        lan.close()
-
-
-def set_route(lab: LabHandle, ip: str, node: str) -> dict[str, Any]:
+def set_route(lab: Cluster, ip: str, node: str) -> dict[str, Any]:
     lan = lab.agent("lan")
     try:
         res: dict[str, Any] = lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(node)})
@@ -192,16 +125,7 @@ def start(
     )
 
 
-def read_state(lab: LabHandle, ip: str, port: int = 8000, timeout: float = 120.0) -> dict[str, Any] | None:
-    """The workload's /state through its service address, or None when it does not answer."""
-    res = lan_get(lab, f"http://{ip}:{port}/state", timeout=timeout)
-    if not res.get("ok"):
-        return None
-    data: dict[str, Any] = json.loads(res["body"])
-    return data
-
-
-def state(lab: LabHandle, name: str) -> dict[str, Any]:
+def state(lab: Cluster, name: str) -> dict[str, Any]:
     loc = locate(lab, name)
     if not loc.ips:
         raise UsageError(f"container {name!r} on {loc.node} has no network address to read state from")
@@ -216,7 +140,7 @@ def state(lab: LabHandle, name: str) -> dict[str, Any]:
     return {**data, "name": name, "node": loc.node, "ip": ip, "service": f"http://{ip}:{port}"}
 
 
-def stop(lab: LabHandle, name: str) -> dict[str, Any]:
+def stop(lab: Cluster, name: str) -> dict[str, Any]:
     Claims(lab.dir).refuse_if_busy(f"stop {name!r}", {name})  # it would delete the rollback copy
     inv = inventory(lab)
     removed: list[str] = []

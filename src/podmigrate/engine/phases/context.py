@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from podmigrate.client import AgentClient
+from podmigrate.engine.cluster import Cluster
 from podmigrate.engine.record import Record, Store
-from podmigrate.lab.handle import LabHandle
 from podmigrate.transport import seal
 
 Report = Callable[[str], None]
@@ -19,7 +19,7 @@ Report = Callable[[str], None]
 
 @dataclass
 class Ctx:
-    lab: LabHandle
+    lab: Cluster
     store: Store
     rec: Record
     report: Report

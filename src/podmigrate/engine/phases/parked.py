@@ -11,19 +11,18 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from podmigrate.engine import parking
+from podmigrate.engine import inventory, parking
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.engine.phases.fit import check_fit, check_spec
 from podmigrate.engine.phases.traffic import best_effort
 from podmigrate.engine.phases.validate import check_node, image_on_target, probe_and_state, refuse_leftovers
 from podmigrate.errors import UsageError
-from podmigrate.workload import manage
 
 
 def validate_park(ctx: Ctx) -> None:
     """What is parked, checked before anything is frozen; its service goes dark until a restore."""
     rec = ctx.rec
-    loc = manage.locate(ctx.lab, rec["workload"])
+    loc = inventory.locate(ctx.lab, rec["workload"])
     c = loc.container
     if c["pod"]:
         raise UsageError(
@@ -99,9 +98,9 @@ def validate_restore(ctx: Ctx) -> None:
     """The parked entry (set by ``controller.restore``) against the target, before anything moves."""
     rec = ctx.rec
     entry: dict[str, Any] = rec["parked"]
-    inv = manage.inventory(ctx.lab)
+    inv = inventory.inventory(ctx.lab)
     try:
-        loc = manage.locate(ctx.lab, rec["workload"], inv)
+        loc = inventory.locate(ctx.lab, rec["workload"], inv)
     except UsageError:
         loc = None
     if loc is not None:

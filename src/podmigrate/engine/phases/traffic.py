@@ -13,11 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from podmigrate import layout
+from podmigrate.engine import inventory
 from podmigrate.engine.blackout import blackout, counters_monotonic
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.engine.record import Record
 from podmigrate.errors import PodmigrateError
-from podmigrate.workload import manage
 
 
 def start_probe(ctx: Ctx) -> None:
@@ -79,14 +79,14 @@ def verify(ctx: Ctx) -> None:
     if probe and probe["path"]:
         url = f"http://{probe['host']}:{probe['port']}{probe['path']}"
         deadline = time.monotonic() + rec["plan"]["verify_timeout"]
-        while not manage.lan_get(ctx.lab, url, timeout=2)["ok"]:
+        while not inventory.lan_get(ctx.lab, url, timeout=2)["ok"]:
             if time.monotonic() > deadline:
                 raise PodmigrateError(f"{rec['container']} does not answer at {url} on {rec['target']}")
             time.sleep(0.02)
         rec["first_answer_at"] = time.time()
     before = rec.get("state_before")
     if probe and before:
-        after = manage.read_state(ctx.lab, probe["host"], probe["port"])
+        after = inventory.read_state(ctx.lab, probe["host"], probe["port"])
         if after is None:
             raise PodmigrateError(f"{rec['container']} answers but /state fails on {rec['target']}")
         rec["state_after"] = after

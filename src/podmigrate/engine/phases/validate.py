@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from podmigrate.engine import inventory
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.engine.phases.fit import check_fit, check_spec, version
 from podmigrate.errors import PodmigrateError, UsageError
-from podmigrate.workload import manage
 
 
 def parse_probe(spec: str) -> tuple[int, str | None]:
@@ -61,7 +61,7 @@ def check_node(ctx: Ctx, node: str) -> None:
     }
 
 
-def _pod(ctx: Ctx, loc: manage.Located) -> None:
+def _pod(ctx: Ctx, loc: inventory.Located) -> None:
     rec, c = ctx.rec, loc.container
     if rec["mode"] not in ("stop-copy", "decoupled"):
         raise UsageError(
@@ -110,7 +110,7 @@ def image_on_target(ctx: Ctx, source: str, c: Any) -> dict[str, Any]:
     return {**got, "present": True, "moved_bytes": sent["bytes"]}
 
 
-def refuse_leftovers(loc: manage.Located, workload: str) -> None:
+def refuse_leftovers(loc: inventory.Located, workload: str) -> None:
     """Stopped copies of the workload elsewhere (a failed run's) would confuse what runs where."""
     if loc.others:
         where = ", ".join(f"{n} ({ci['state']})" for n, ci in loc.others)
@@ -126,7 +126,7 @@ REDACTED = "(not recorded)"
 def validate(ctx: Ctx) -> None:
     rec = ctx.rec
     lab = ctx.lab
-    loc = manage.locate(lab, rec["workload"])
+    loc = inventory.locate(lab, rec["workload"])
     c = loc.container
     if c["pod"]:
         _pod(ctx, loc)
@@ -175,7 +175,7 @@ def validate(ctx: Ctx) -> None:
     )
 
 
-def probe_and_state(ctx: Ctx, loc: manage.Located) -> None:
+def probe_and_state(ctx: Ctx, loc: inventory.Located) -> None:
     """How the service is probed (``rec["probe"]``) and, for a heap server, the state it has now,
     which verify compares the copy with."""
     rec, c = ctx.rec, loc.container
@@ -190,7 +190,7 @@ def probe_and_state(ctx: Ctx, loc: manage.Located) -> None:
             "path": path_or_none,
             "interval": rec["plan"]["probe_interval"],
         }
-        if c["labels"].get(manage.LABEL_KIND) == "stream-server":
-            before = manage.read_state(ctx.lab, c["ips"][0], port)
+        if c["labels"].get(inventory.LABEL_KIND) == "stream-server":
+            before = inventory.read_state(ctx.lab, c["ips"][0], port)
             if before is not None:
                 rec["state_before"] = before
