@@ -34,7 +34,7 @@ from podmigrate.agent.http import App
 from podmigrate.client import AgentClient
 from podmigrate.engine.cluster import Cluster
 from podmigrate.errors import PodmigrateError, RuntimeBackendError, TransportError, UsageError
-from podmigrate.lab.cluster import Lab
+from podmigrate.lab.cluster import AddressPlan, Lab
 from podmigrate.transport import seal
 
 TOKEN = "fake-token"
@@ -463,7 +463,7 @@ class World:
         return app
 
 
-class FakeLab:
+class FakeLab(AddressPlan):
     """An ``engine.cluster.Cluster`` over a ``World``."""
 
     def __init__(self, directory: Path, world: World | None = None):

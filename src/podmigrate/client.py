@@ -1,4 +1,5 @@
-"""The client of node agents: HTTP over each agent's Unix socket (or a URL), errors rebuilt as raised.
+"""The client of node agents: HTTP over each agent's Unix socket (or a URL), errors rebuilt as raised;
+the LAN agent's as the engine's router and observer (``LanClient``).
 
 The socket files live in the lab's state directory, which the agents see through a bind mount, so
 the host reaches agents in other network namespaces without joining them.
@@ -7,6 +8,7 @@ the host reaches agents in other network namespaces without joining them.
 from __future__ import annotations
 
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -105,3 +107,45 @@ def _channel(
     else:
         how = "plain HTTP"
     return f"{how} + token" if token else how
+
+
+class LanClient:
+    """The lab's LAN agent (``agent.lan``) as the engine's ``Router`` and ``Observer``
+    (``engine.cluster``): it routes the service addresses and probes them from outside the nodes."""
+
+    def __init__(self, lan: AgentClient, node_address: Callable[[str], str]):
+        self.lan = lan
+        self.node_address = node_address
+
+    def switch(self, address: str, node: str, drain: bool = False) -> dict[str, Any]:
+        res: dict[str, Any] = self.lan.put(f"/v1/routes/{address}", {"via": self.node_address(node), "drain": drain})
+        return res
+
+    def end_drain(self, address: str, timeout: float) -> dict[str, Any]:
+        res: dict[str, Any] = self.lan.post(f"/v1/routes/{address}/drain", {"timeout": timeout}, timeout=timeout + 30)
+        return res
+
+    def routes(self) -> list[dict[str, Any]]:
+        return list(self.lan.get("/v1/routes"))
+
+    def remove(self, address: str) -> None:
+        self.lan.delete(f"/v1/routes/{address}")
+
+    def get(self, url: str, timeout: float = 30.0) -> dict[str, Any]:
+        res: dict[str, Any] = self.lan.post("/v1/http", {"url": url, "timeout": timeout}, timeout=timeout + 10)
+        return res
+
+    def start_probe(self, probe: dict[str, Any]) -> str:
+        return str(self.lan.post("/v1/probes", dict(probe))["id"])
+
+    def probe_records(self, probe_id: str) -> list[dict[str, Any]]:
+        return list(self.lan.get(f"/v1/probes/{probe_id}"))
+
+    def stop_probe(self, probe_id: str) -> list[dict[str, Any]]:
+        return list(self.lan.post(f"/v1/probes/{probe_id}/stop", {"wait": False}))
+
+    def cancel_probe(self, probe_id: str) -> None:
+        self.lan.delete(f"/v1/probes/{probe_id}")
+
+    def close(self) -> None:
+        self.lan.close()

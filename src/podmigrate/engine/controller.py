@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import cast
 
-from podmigrate import cordon, layout, procs, transport
+from podmigrate import cordon, procs, transport
 from podmigrate.claims import Claims
 from podmigrate.engine import parking, paths, plans, summary
 from podmigrate.engine.cluster import Cluster
@@ -151,7 +151,7 @@ class LabRunner(Runner[Ctx]):
         release_target_memory(self.ctx)
 
 
-def new_record(plan: Plan) -> Record:
+def new_record(plan: Plan, registry: str) -> Record:
     mid = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
     return {
         "id": mid,
@@ -170,7 +170,7 @@ def new_record(plan: Plan) -> Record:
         "controller_pid": os.getpid(),
         "controller_start": procs.start_time(os.getpid()),
         "plan": cast(PlanDict, plan.__dict__.copy()),
-        "reference": f"{layout.REGISTRY}/podmigrate/checkpoints/{repository_component(plan.workload)}:{mid}",
+        "reference": f"{registry}/podmigrate/checkpoints/{repository_component(plan.workload)}:{mid}",
     }
 
 
@@ -200,7 +200,7 @@ def check_request(lab: Cluster, plan: Plan) -> None:
 def migrate(lab: Cluster, plan: Plan, report: Report = lambda _m: None) -> Record:
     """Run one migration; returns its record, or raises MigrationFailed after rolling back."""
     check_request(lab, plan)
-    return _run(lab, new_record(plan), report)
+    return _run(lab, new_record(plan, lab.registry), report)
 
 
 def park(lab: Cluster, workload: str, report: Report = lambda _m: None) -> Record:
@@ -215,7 +215,7 @@ def restore(lab: Cluster, workload: str, target: str, report: Report = lambda _m
     # the parked image is opened as it was sealed: with the key the park kept, or without one
     plan = Plan(workload, target, "stop-copy", "registry", security="on" if key else "off")
     check_request(lab, plan)
-    rec = new_record(plan)
+    rec = new_record(plan, lab.registry)
     rec["scope"] = "parked"
     rec["checkpoint_id"] = entry["checkpoint_id"]
     rec["reference"] = entry["reference"]

@@ -194,7 +194,7 @@ class Evacuation:
                 hint=f"the lab's nodes are: {', '.join(lab.nodes)}",
             )
         self.lab, self.node, self.deadline_s = lab, node, deadline_s
-        self.to = [n for n in (to or lab.nodes) if n != node and n != "lan"]
+        self.to = [n for n in (to or lab.nodes) if n != node]
         self.forced = parallel
         self.report, self.progress, self.migrate = report, progress, migrate
         self.id = "ev-" + time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from podmigrate import layout
 from podmigrate.claims import Claims
 from podmigrate.engine import inventory, parking
 from podmigrate.engine.cluster import Cluster
@@ -55,29 +54,30 @@ def collect(lab: Cluster, dry_run: bool = False, report: Report = lambda _m: Non
         finally:
             agent.close()
     node_agent = lab.agent(lab.nodes[0])
-    lan = lab.agent("lan")
+    router, observer = lab.traffic(), lab.observer()
     try:
-        catalog = inventory.lan_get(lab, f"http://{layout.REGISTRY}/v2/_catalog")
+        catalog = observer.get(f"http://{lab.registry}/v2/_catalog")
         repos = json.loads(catalog["body"]).get("repositories", []) if catalog["ok"] else []
         for repo in repos:
             if not repo.startswith(CHECKPOINT_REPOS):
                 continue
-            tags = inventory.lan_get(lab, f"http://{layout.REGISTRY}/v2/{repo}/tags/list")
+            tags = observer.get(f"http://{lab.registry}/v2/{repo}/tags/list")
             for tag in (json.loads(tags["body"]).get("tags") or []) if tags["ok"] else []:
                 if tag not in active:
-                    ref = f"{layout.REGISTRY}/{repo}:{tag}"
+                    ref = f"{lab.registry}/{repo}:{tag}"
                     found["images"].append(ref)
                     if not dry_run:
                         node_agent.post("/v1/registry/delete", {"reference": ref})
-        for r in lan.get("/v1/routes") if not busy else []:  # a running migration moves routes
+        for r in router.routes() if not busy else []:  # a running migration moves routes
             dst = str(r["dst"])
-            if "/" not in dst and layout.in_workload_subnet(dst) and dst not in held:
+            if "/" not in dst and lab.is_service_address(dst) and dst not in held:
                 found["routes"].append(f"{dst} via {r['via']}")
                 if not dry_run:
-                    lan.delete(f"/v1/routes/{dst}")
+                    router.remove(dst)
     finally:
         node_agent.close()
-        lan.close()
+        router.close()
+        observer.close()
     return found
 
 

@@ -1,6 +1,6 @@
 """Where the workloads are: every node's containers as its agent lists them (never a local record, so
 a container a user started by hand with podman is found the same way), the one a name runs as, and
-reads of a service address from outside the nodes (the "lan" agent).
+reads of a service address from outside the nodes (the cluster's observer).
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from podmigrate.engine.cluster import Cluster
+from podmigrate.engine.cluster import Cluster, Observer
 from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.runtime.base import ContainerInfo
 
@@ -80,18 +80,18 @@ def locate(lab: Cluster, name: str, inv: dict[str, list[ContainerInfo]] | None =
     return Located(node, c, [f for f in found if f is not running[0]])
 
 
-def lan_get(lab: Cluster, url: str, timeout: float = 30.0) -> dict[str, Any]:
-    lan = lab.agent("lan")
+def outside_get(lab: Cluster, url: str, timeout: float = 30.0) -> dict[str, Any]:
+    """One GET of ``url`` from outside the nodes (the cluster's observer)."""
+    observer = lab.observer()
     try:
-        res: dict[str, Any] = lan.post("/v1/http", {"url": url, "timeout": timeout}, timeout=timeout + 10)
-        return res
+        return observer.get(url, timeout)
     finally:
-        lan.close()
+        observer.close()
 
 
-def read_state(lab: Cluster, ip: str, port: int = 8000, timeout: float = 120.0) -> dict[str, Any] | None:
+def read_state(observer: Observer, ip: str, port: int = 8000, timeout: float = 120.0) -> dict[str, Any] | None:
     """The workload's /state through its service address, or None when it does not answer."""
-    res = lan_get(lab, f"http://{ip}:{port}/state", timeout=timeout)
+    res = observer.get(f"http://{ip}:{port}/state", timeout=timeout)
     if not res.get("ok"):
         return None
     data: dict[str, Any] = json.loads(res["body"])

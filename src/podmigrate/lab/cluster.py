@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from podmigrate import filelock, layout, procs
-from podmigrate.client import AgentClient
+from podmigrate.client import AgentClient, LanClient
 from podmigrate.errors import LabError, UsageError
 from podmigrate.lab import lifecycle
 from podmigrate.lab.host import NAME, Report, cgroup2_root, holder_pid, home, join
@@ -30,7 +30,31 @@ from podmigrate.lab.image import NodeImage
 __all__ = ["Lab", "Report", "cgroup2_root", "home"]
 
 
-class Lab:
+class AddressPlan:
+    """What the engine needs of a lab besides its agents (``engine.cluster.Cluster``): the lab's fixed
+    address plan, and its LAN agent as the router of service addresses and the client outside the
+    nodes. The lab and the unit tests' fake lab share it."""
+
+    registry = layout.REGISTRY
+    workload_network = layout.WORKLOAD_NETWORK
+
+    def agent(self, name: str, timeout: float = 900.0) -> AgentClient:
+        raise NotImplementedError
+
+    def node_address(self, node: str) -> str:
+        return layout.node_ip(node)
+
+    def is_service_address(self, ip: str) -> bool:
+        return layout.in_workload_subnet(ip)
+
+    def traffic(self) -> LanClient:
+        return LanClient(self.agent("lan"), layout.node_ip)
+
+    def observer(self) -> LanClient:
+        return LanClient(self.agent("lan"), layout.node_ip)
+
+
+class Lab(AddressPlan):
     def __init__(self, name: str = "default"):
         if not NAME.fullmatch(name):
             raise UsageError(f"not a valid lab name: {name!r}", hint="use 1-20 of a-z, 0-9 and '-'")

@@ -20,15 +20,25 @@ from podmigrate.engine.inventory import (
     LABEL_PROBE,
     Located,
     inventory,
-    lan_get,
     locate,
-    read_state,
+    outside_get,
 )
+from podmigrate.engine.inventory import read_state as read_state_from
 from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.lab.cluster import Lab, Report
 from podmigrate.workload.image import ensure_workload_image
 
-__all__ = ["LABEL_KIND", "LABEL_PORT", "LABEL_PROBE", "Located", "inventory", "lan_get", "locate", "read_state"]
+__all__ = ["LABEL_KIND", "LABEL_PORT", "LABEL_PROBE", "Located", "inventory", "locate"]
+lan_get = outside_get  # a GET from the LAN, outside the nodes
+
+
+def read_state(lab: Cluster, ip: str, port: int = 8000, timeout: float = 120.0) -> dict[str, Any] | None:
+    """The workload's /state through its service address, or None when it does not answer."""
+    observer = lab.observer()
+    try:
+        return read_state_from(observer, ip, port, timeout)
+    finally:
+        observer.close()
 
 
 def set_route(lab: Cluster, ip: str, node: str) -> dict[str, Any]:

@@ -11,7 +11,6 @@ import os
 import time
 from typing import Any
 
-from podmigrate import layout
 from podmigrate.engine import breakdown, paths
 from podmigrate.engine.phases import traffic
 from podmigrate.engine.phases.context import Ctx
@@ -205,7 +204,7 @@ def page_server(ctx: Ctx) -> None:
     relay = bool(sealed) and not paths.old(rec, "criu-tls-pages")
     ps = ctx.agent(rec["target"]).post(
         f"/v1/checkpoints/{rec['id']}/page-server",
-        {"relay": relay, "peer": layout.node_ip(rec["source"] or ""), **(sealed if relay else ctx.criu_tls())},
+        {"relay": relay, "peer": ctx.lab.node_address(rec["source"] or ""), **(sealed if relay else ctx.criu_tls())},
     )
     rec["page_server"] = ps  # how the pages cross (relay, criu_tls) goes into security once they have
     rec["leave_stopped"] = rec["mode"] == "stop-copy"

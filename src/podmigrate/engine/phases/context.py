@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from podmigrate.client import AgentClient
-from podmigrate.engine.cluster import Cluster
+from podmigrate.engine.cluster import Cluster, Observer, Router
 from podmigrate.engine.record import Record, Store
 from podmigrate.transport import seal
 
@@ -24,6 +24,8 @@ class Ctx:
     rec: Record
     report: Report
     clients: dict[str, AgentClient] = field(default_factory=dict)
+    _router: Router | None = None
+    _observer: Observer | None = None
     # this migration's checkpoint key: in this process's memory and the two agents' only (never in
     # the record: it is the one thing that would open a checkpoint left in a registry)
     seal_key: str | None = field(default=None, repr=False)
@@ -55,7 +57,19 @@ class Ctx:
             self.rec["security"]["controller"] = self.clients[name].channel
         return self.clients[name]
 
+    def traffic(self) -> Router:
+        if self._router is None:
+            self._router = self.lab.traffic()
+        return self._router
+
+    def observer(self) -> Observer:
+        if self._observer is None:
+            self._observer = self.lab.observer()
+        return self._observer
+
     def close(self) -> None:
-        for c in self.clients.values():
-            c.close()
+        for c in [*self.clients.values(), self._router, self._observer]:
+            if c is not None:
+                c.close()
         self.clients.clear()
+        self._router = self._observer = None

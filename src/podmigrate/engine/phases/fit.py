@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from podmigrate import layout
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.engine.record import Record
 from podmigrate.errors import UsageError
@@ -33,8 +32,9 @@ def version(v: Any) -> tuple[int, ...]:
     return tuple(int(x) for x in str(v or "0").split(".")[:2] if x.isdigit())
 
 
-def check_spec(spec: dict[str, Any], name: str) -> None:
-    """Refuse what cannot move with the container (from its ``/v1/containers/NAME/spec``)."""
+def check_spec(spec: dict[str, Any], name: str, network: str) -> None:
+    """Refuse what cannot move with the container (from its ``/v1/containers/NAME/spec``); ``network``
+    is the cluster's workload network, whose addresses move."""
     mounts = [m for m in spec.get("mounts") or [] if m.get("type") in ("bind", "volume")]
     if mounts:
         shown = ", ".join(f"{m['type']} {m.get('source') or '?'} -> {m['destination']}" for m in mounts)
@@ -55,11 +55,11 @@ def check_spec(spec: dict[str, Any], name: str) -> None:
             hint="reach it at its address on the lab network instead (no -p); its address moves with it",
         )
     net = spec.get("network")
-    if net and net != layout.WORKLOAD_NETWORK and not spec.get("pod"):
+    if net and net != network and not spec.get("pod"):
         raise UsageError(
-            f"{name!r} is on network {net!r}, not the lab's {layout.WORKLOAD_NETWORK!r}: its address is private "
+            f"{name!r} is on network {net!r}, not the cluster's {network!r}: its address is private "
             "to its node (Podman's default network has the same subnet everywhere)",
-            hint=f"start it with --network {layout.WORKLOAD_NETWORK} (podmigrate workload start does)",
+            hint=f"start it with --network {network} (podmigrate workload start does)",
         )
 
 

@@ -39,7 +39,7 @@ def validate_park(ctx: Ctx) -> None:
     rec["image"], rec["service_addresses"] = c["image"], list(c["ips"])
     rec["image_id"] = str(c.get("image_id") or "")
     check_node(ctx, loc.node)
-    check_spec(ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/spec"), c["name"])
+    check_spec(ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/spec"), c["name"], ctx.lab.workload_network)
     rec["rss_bytes"] = ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/memory")["rss_bytes"]
     probe_and_state(ctx, loc)
     # nobody answers until the restore: no blackout to probe, the restore's verify waits for the copy

@@ -12,7 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from podmigrate import layout
 from podmigrate.engine import inventory
 from podmigrate.engine.blackout import blackout, counters_monotonic
 from podmigrate.engine.phases.context import Ctx
@@ -23,7 +22,7 @@ from podmigrate.errors import PodmigrateError
 def start_probe(ctx: Ctx) -> None:
     probe = ctx.rec.get("probe")
     if probe and "id" not in probe:
-        probe["id"] = ctx.agent("lan").post("/v1/probes", dict(probe))["id"]
+        probe["id"] = ctx.observer().start_probe(dict(probe))
         # a few answers before the freeze, so that "last success before" exists
         time.sleep(0.1)
 
@@ -32,19 +31,16 @@ def stop_probe_quietly(ctx: Ctx) -> None:
     probe = ctx.rec.get("probe") or {}
     if probe.get("id") and "records" not in probe:
         with contextlib.suppress(PodmigrateError):
-            ctx.agent("lan").delete(f"/v1/probes/{probe['id']}")
+            ctx.observer().cancel_probe(probe["id"])
 
 
 def cutover(ctx: Ctx) -> None:
     rec = ctx.rec
-    lan = ctx.agent("lan")
+    router = ctx.traffic()
     # decoupled: the source still serves, so connections it holds may finish there (if the router
     # can drain); the other modes froze the source and their restored connections must move now
     drain = rec["mode"] == "decoupled"
-    switches = [
-        lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(rec["target"]), "drain": drain})
-        for ip in rec["service_addresses"]
-    ]
+    switches = [router.switch(ip, rec["target"], drain) for ip in rec["service_addresses"]]
     rec["cutover"] = {
         "router": switches[0].get("router", "route") if switches else None,
         "switches": switches,
@@ -54,9 +50,9 @@ def cutover(ctx: Ctx) -> None:
 
 def undo_cutover(ctx: Ctx) -> str:
     rec = ctx.rec
-    lan = ctx.agent("lan")
+    router = ctx.traffic()
     for ip in rec["service_addresses"]:
-        lan.put(f"/v1/routes/{ip}", {"via": layout.node_ip(rec["source"] or "")})
+        router.switch(ip, rec["source"] or "")
     return f"routed {', '.join(rec['service_addresses'])} back to {rec['source']}"
 
 
@@ -68,9 +64,8 @@ def end_drain(ctx: Ctx) -> None:
     draining = [s["addr"] for s in cut.get("switches", []) if s.get("draining")]
     if not draining:
         return
-    lan = ctx.agent("lan")
     timeout = float(rec["plan"].get("drain_timeout", 2.0))
-    cut["drain"] = [lan.post(f"/v1/routes/{ip}/drain", {"timeout": timeout}, timeout=timeout + 30) for ip in draining]
+    cut["drain"] = [ctx.traffic().end_drain(ip, timeout) for ip in draining]
 
 
 def verify(ctx: Ctx) -> None:
@@ -79,14 +74,14 @@ def verify(ctx: Ctx) -> None:
     if probe and probe["path"]:
         url = f"http://{probe['host']}:{probe['port']}{probe['path']}"
         deadline = time.monotonic() + rec["plan"]["verify_timeout"]
-        while not inventory.lan_get(ctx.lab, url, timeout=2)["ok"]:
+        while not ctx.observer().get(url, timeout=2)["ok"]:
             if time.monotonic() > deadline:
                 raise PodmigrateError(f"{rec['container']} does not answer at {url} on {rec['target']}")
             time.sleep(0.02)
         rec["first_answer_at"] = time.time()
     before = rec.get("state_before")
     if probe and before:
-        after = inventory.read_state(ctx.lab, probe["host"], probe["port"])
+        after = inventory.read_state(ctx.observer(), probe["host"], probe["port"])
         if after is None:
             raise PodmigrateError(f"{rec['container']} answers but /state fails on {rec['target']}")
         rec["state_after"] = after
@@ -112,18 +107,18 @@ def finish_probe(ctx: Ctx) -> None:
     probe = rec.get("probe")
     if not probe or not probe.get("id") or "records" in probe:
         return
-    lan = ctx.agent("lan")
+    observer = ctx.observer()
     cut = (rec.get("cutover") or {}).get("switches", [{}])[-1].get("ended", time.time())
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # wait for a few answers after the switch, then stop
-        recs = lan.get(f"/v1/probes/{probe['id']}")
+        recs = observer.probe_records(probe["id"])
         if sum(1 for r in recs if r["ok"] and r["sent"] > cut) >= 3:
             break
         time.sleep(0.05)
     # not waiting up to a probe timeout (1 s) for the probes still in flight: those sent before
     # the first answer after the switch went to a frozen or unrouted copy and count as failed; those
     # sent after it cannot change the blackout and are left out (counted in ``pending_at_stop``)
-    records = lan.post(f"/v1/probes/{probe['id']}/stop", {"wait": False})
+    records = observer.stop_probe(probe["id"])
     records, probe["pending_at_stop"] = settle_pending(records, cut)
     log = ctx.lab.dir / "probes" / f"{rec['id']}.json"
     log.parent.mkdir(exist_ok=True)

@@ -147,7 +147,7 @@ def validate(ctx: Ctx) -> None:
         check_node(ctx, n)
     if rec.get("scope") != "pod":
         spec = ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/spec")
-        check_spec(spec, c["name"])
+        check_spec(spec, c["name"], ctx.lab.workload_network)
         if rec["mode"] == "cold":
             # names only: environment values are often secrets, and the record outlives the run; the
             # values are read again from the source's container when the spec is used
@@ -191,6 +191,6 @@ def probe_and_state(ctx: Ctx, loc: inventory.Located) -> None:
             "interval": rec["plan"]["probe_interval"],
         }
         if c["labels"].get(inventory.LABEL_KIND) == "stream-server":
-            before = inventory.read_state(ctx.lab, c["ips"][0], port)
+            before = inventory.read_state(ctx.observer(), c["ips"][0], port)
             if before is not None:
                 rec["state_before"] = before
