@@ -216,12 +216,13 @@ def test_a_restore_that_fails_before_its_gate_opens_cancels_the_waiting_podman_a
     from podmigrate.agent.memory import Reservations
     from podmigrate.agent.node_lazy import LazyPages
     from podmigrate.agent.node_speculative import Speculations
+    from podmigrate.agent.peers import Peers
 
     files = CheckpointDir(tmp_path)
     speculations = Speculations(_FailingRuntime(), files)  # type: ignore[arg-type]
     gate = _Gate()
     speculations.gates["c1"] = gate  # type: ignore[assignment]
-    lazy = LazyPages("node-b", _FailingRuntime(), files, Reservations(), speculations=speculations)  # type: ignore[arg-type]
+    lazy = LazyPages(Peers("node-b"), _FailingRuntime(), files, Reservations(), speculations=speculations)  # type: ignore[arg-type]
     with pytest.raises(RuntimeBackendError, match="not a checkpoint"):
         lazy.restore_lazy({"cid": "c1"}, {"speculative": True, "address": "10.77.0.11", "port": 27001})
     assert gate.cancelled == 1 and not speculations.gates

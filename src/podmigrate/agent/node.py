@@ -24,6 +24,7 @@ from podmigrate.agent.memory import Reservations
 from podmigrate.agent.node_lazy import LazyPages, network_lock
 from podmigrate.agent.node_prefetch import Prefetches
 from podmigrate.agent.notice import SpotNotice
+from podmigrate.agent.peers import Peers
 from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
 from podmigrate.runtime.lazy import LazyPagesUnavailable
 from podmigrate.transport import seal, stream
@@ -50,8 +51,10 @@ class NodeAgent:
         identity: tls.Files,
         checkpoints: Path = Path(layout.NODE_CHECKPOINTS),
         notice: Path = Path(layout.NODE_NOTICE),
+        peers: Peers | None = None,
     ):
         self.app, self.rt, self.identity = app, rt, identity
+        self.peers = peers or Peers(app.name)
         self.files = CheckpointDir(checkpoints)
         self.memory = Reservations()
         self.notice = SpotNotice(notice)
@@ -63,7 +66,7 @@ class NodeAgent:
         self.archive = ArchiveTransport(client, layout.AGENT_PORT)
         self.keys: dict[str, str] = {}  # checkpoint id -> its migration's seal key (memory only)
         self.prefetches = Prefetches(self.files, self.stream, lambda cid: safe_id(cid) in self.keys)
-        self.lazy = LazyPages(app.name, rt, self.files, self.memory, self.criu_tls, self.prefetches)
+        self.lazy = LazyPages(self.peers, rt, self.files, self.memory, self.criu_tls, self.prefetches)
 
     def criu_tls(self, b: dict[str, Any], *, server: bool) -> tuple[str, ...]:
         return self.identity.criu(server=server) if tls.criu_tls_wanted(b) else ()
@@ -116,7 +119,7 @@ class NodeAgent:
         return {
             "name": self.app.name,
             "role": self.app.role,
-            "ip": layout.node_ip(self.app.name),
+            "ip": self.peers.mine(),
             "pid": os.getpid(),
             "started": self.app.started,
             "disk_free_bytes": free.free,
@@ -148,7 +151,7 @@ class NodeAgent:
         try:
             self.rt.save_image(image_id, archive)
             os.chmod(archive, 0o600)
-            return {"checkpoint_id": cid, **self._send(self.stream, cid, archive, layout.node_ip(b["node"]))}
+            return {"checkpoint_id": cid, **self._send(self.stream, cid, archive, self.peers.address(b["node"]))}
         finally:
             self.files.remove(cid)
 
@@ -342,12 +345,12 @@ class NodeAgent:
     def send(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         target = b["node"]
         t = self.stream.with_seal(_seal(p["cid"], b))
-        return self._send(t, p["cid"], self.files.archive(p["cid"]), layout.node_ip(target))
+        return self._send(t, p["cid"], self.files.archive(p["cid"]), self.peers.address(target))
 
     def send_pod(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         total, channel, t = 0, None, self.archive.with_seal(_seal(p["cid"], b))
         for _m, a in self.files.members(p["cid"], b["members"]).items():
-            sent = self._send(t, p["cid"], a, layout.node_ip(b["node"]))
+            sent = self._send(t, p["cid"], a, self.peers.address(b["node"]))
             total, channel = total + sent["bytes"], sent.get("channel")  # the same way for every member
         return {"bytes": total, "sealed": t.sealed is not None, "channel": channel}
 

@@ -17,13 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from podmigrate import layout, names, procs
+from podmigrate import names, procs
 from podmigrate.agent import node_prefetch
 from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App
 from podmigrate.agent.memory import Reservations
 from podmigrate.agent.node_prefetch import Prefetches
 from podmigrate.agent.node_speculative import Speculations
+from podmigrate.agent.peers import Peers
 from podmigrate.runtime import criu_conf
 from podmigrate.runtime.uffd import FaultWaker
 from podmigrate.transport import pagerelay, seal
@@ -40,7 +41,7 @@ class LazyPages:
 
     def __init__(
         self,
-        name: str,
+        peers: Peers,
         rt: NodeRuntime,
         files: CheckpointDir,
         memory: Reservations,
@@ -51,7 +52,8 @@ class LazyPages:
         """``criu_tls(request, server=...)``: CRIU's TLS options for a listening or a connecting end,
         as the request asks (``agent.tls.criu_tls_wanted``);
         ``prefetches``: the node's prefetch sender and receiver (``agent.node_prefetch``)."""
-        self.name, self.rt, self.files, self.memory, self.criu_tls = name, rt, files, memory, criu_tls
+        self.peers, self.name = peers, peers.own
+        self.rt, self.files, self.memory, self.criu_tls = rt, files, memory, criu_tls
         # the restores podman and runc started before the freeze (its routes are registered here too)
         self.prefetches, self.speculations = prefetches, speculations or Speculations(rt, files)
         self.jobs: dict[str, subprocess.Popen[Any]] = {}
@@ -100,7 +102,7 @@ class LazyPages:
 
     def _free_port(self, address: str | None = None) -> int:
         with socket.socket() as sk:
-            sk.bind((address or layout.node_ip(self.name), 0))
+            sk.bind((address or self.peers.mine(), 0))
             return int(sk.getsockname()[1])
 
     def page_server(self, p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -110,7 +112,7 @@ class LazyPages:
         request says ``"criu_tls": false``."""
         cid = p["cid"]
         self.memory.release(cid)
-        address = layout.node_ip(self.name)
+        address = self.peers.mine()
         if b.get("relay"):
             key = seal.check_key(b.get("seal"))
             port = self._free_port("127.0.0.1")
@@ -148,7 +150,7 @@ class LazyPages:
             self.jobs[f"src-{cid}"], times = self.rt.lazy_checkpoint(
                 p["name"],
                 self.files.archive(cid),
-                layout.node_ip(self.name),
+                self.peers.mine(),
                 port,
                 tcp_established=b.get("tcp_established", True),
                 tls=self.criu_tls(b, server=True),
@@ -161,10 +163,10 @@ class LazyPages:
         if self.prefetches is not None and pre.get("mb") and pre.get("seal") and images and pid:
             budget = max(0, min(int(pre["mb"]), 1024)) << 20
             sealed = Seal(seal.check_key(pre["seal"]), cid, bool(pre.get("digest")))
-            self.prefetches.start(cid, Path(images), int(pid), budget, layout.node_ip(pre["node"]), sealed)
+            self.prefetches.start(cid, Path(images), int(pid), budget, self.peers.address(pre["node"]), sealed)
             prefetching = True
         return {
-            "address": layout.node_ip(self.name),
+            "address": self.peers.mine(),
             "port": port,
             "started": t0,
             "times": times,
@@ -279,7 +281,7 @@ class LazyPages:
         if port:
             with (
                 contextlib.suppress(OSError),
-                socket.create_connection((layout.node_ip(self.name), int(port)), 5) as sk,
+                socket.create_connection((self.peers.mine(), int(port)), 5) as sk,
             ):
                 sk.sendall(b"\xff" * 64)
         if job is not None:

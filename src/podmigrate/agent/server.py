@@ -1,11 +1,12 @@
 """The agents' entry point: picks the role's routes and serves them (standard library only).
 
 Run as ``python3 -m podmigrate.agent.server --role node|lan --name NAME --uds PATH --tcp IP:PORT
---token-file PATH --tls-cert C --tls-key K --tls-ca CA``. It listens on a Unix socket (owner-only: how
-the host-side controller reaches it across namespaces, with the lab's token) and on TCP on the node's
-LAN address, TLS with client certificates only (agent to agent: the certificate is the identity, no
-token is accepted there). The routes are ``agent.node`` (over ``Podman``) or ``agent.lan``; auth,
-limits and errors are ``agent.http``'s.
+--token-file PATH --tls-cert C --tls-key K --tls-ca CA [--node-address NAME=IP ...]``. It listens on a
+Unix socket (owner-only: how the host-side controller reaches it across namespaces, with the lab's
+token) and on TCP on the node's LAN address, TLS with client certificates only (agent to agent: the
+certificate is the identity, no token is accepted there). The routes are ``agent.node`` (over
+``Podman``) or ``agent.lan``; auth, limits and errors are ``agent.http``'s. A node agent told no
+``--node-address`` is a lab's node (``agent.peers``).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from podmigrate.agent import tls
 from podmigrate.agent.http import App, UnixHTTPServer, make_handler
 from podmigrate.agent.lan import LanAgent
 from podmigrate.agent.node import NodeAgent
+from podmigrate.agent.peers import Peers
 from podmigrate.runtime.podman import Podman
 
 __all__ = ["App", "main", "make_handler", "serve"]
@@ -31,7 +33,7 @@ def serve(args: argparse.Namespace) -> None:
     files = tls.Files(args.tls_cert, args.tls_key, args.tls_ca)
     app = App(args.name, args.role, token, peers=frozenset(args.peer) if args.peer else None)
     if args.role == "node":
-        NodeAgent(app, Podman(args.name), files).register()
+        NodeAgent(app, Podman(args.name), files, peers=Peers.parse(args.name, args.node_address or [])).register()
     else:
         LanAgent(app, args.router_file).register()
     handler = make_handler(app)
@@ -65,6 +67,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tls-ca", required=True, help="the CA every TCP peer's certificate must chain to")
     ap.add_argument("--peer", action="append", help="a certificate name let in over TCP (repeat; default: any)")
     ap.add_argument("--router-file", help="lan: where the lab's router choice is kept")
+    ap.add_argument("--node-address", action="append", metavar="NAME=IP",
+                    help="node: its own and each peer's address (repeat; default: the lab's address plan)")  # fmt: skip
     args = ap.parse_args(argv)
     if not (args.uds or args.tcp):
         sys.exit("give --uds and/or --tcp")
