@@ -40,15 +40,24 @@ class App:
     """A route table: (method, regex) -> handler(params, body)."""
 
     def __init__(
-        self, name: str, role: str, token: str, peers: frozenset[str] | None = None, peers_call_all: bool = False
+        self,
+        name: str,
+        role: str,
+        token: str,
+        peers: frozenset[str] | None = None,
+        peers_call_all: bool = False,
+        controllers: frozenset[str] = frozenset(),
     ):
         """``token``: what a request on the Unix socket must carry ("" refuses them all);
         ``peers``: the certificate names let in over TLS (None: any the CA signed);
         ``peers_call_all``: whether they may call every route (the Kubernetes agent, whose peer is
         the operator) or only those registered with ``peer=True`` (a lab node's: what another node
-        needs to hand it a checkpoint, nothing that runs, stops or sends anything)."""
-        self.name, self.role, self.token, self.peers = name, role, token, peers
-        self.peers_call_all = peers_call_all
+        needs to hand it a checkpoint, nothing that runs, stops or sends anything);
+        ``controllers``: certificate names that may call every route over TLS (hosts' controller,
+        which has no Unix socket to them)."""
+        self.name, self.role, self.token = name, role, token
+        self.peers = peers if peers is None or not controllers else peers | controllers
+        self.peers_call_all, self.controllers = peers_call_all, controllers
         self.routes: list[tuple[str, re.Pattern[str], Handler, bool]] = []
         self.started = time.time()
 
@@ -79,7 +88,7 @@ class App:
         for m, rx, fn, peer_ok in self.routes:
             match = rx.fullmatch(path)
             if match and m == method:
-                if peer is not None and not (peer_ok or self.peers_call_all):
+                if peer is not None and not (peer_ok or self.peers_call_all or peer in self.controllers):
                     err = AgentError(
                         f"agent {self.name}: {method} {path} is not open to peers ({peer!r})",
                         hint="other nodes may only hand over checkpoints; the controller calls the rest",

@@ -29,9 +29,10 @@ __all__ = ["App", "main", "make_handler", "serve"]
 
 
 def serve(args: argparse.Namespace) -> None:
-    token = Path(args.token_file).read_text().strip()
+    token = Path(args.token_file).read_text().strip() if args.token_file else ""
     files = tls.Files(args.tls_cert, args.tls_key, args.tls_ca)
-    app = App(args.name, args.role, token, peers=frozenset(args.peer) if args.peer else None)
+    controllers = frozenset(args.controller or ())
+    app = App(args.name, args.role, token, peers=frozenset(args.peer) if args.peer else None, controllers=controllers)
     if args.role == "node":
         NodeAgent(app, Podman(args.name), files, peers=Peers.parse(args.name, args.node_address or [])).register()
     else:
@@ -61,17 +62,20 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--name", required=True)
     ap.add_argument("--uds")
     ap.add_argument("--tcp")
-    ap.add_argument("--token-file", required=True, help="the Unix socket's bearer token")
+    ap.add_argument("--token-file", help="the Unix socket's bearer token (needed with --uds)")
     ap.add_argument("--tls-cert", required=True, help="this agent's certificate (of the lab's CA)")
     ap.add_argument("--tls-key", required=True)
     ap.add_argument("--tls-ca", required=True, help="the CA every TCP peer's certificate must chain to")
     ap.add_argument("--peer", action="append", help="a certificate name let in over TCP (repeat; default: any)")
+    ap.add_argument("--controller", action="append", help="a certificate name that may call every route over TCP")
     ap.add_argument("--router-file", help="lan: where the lab's router choice is kept")
     ap.add_argument("--node-address", action="append", metavar="NAME=IP",
                     help="node: its own and each peer's address (repeat; default: the lab's address plan)")  # fmt: skip
     args = ap.parse_args(argv)
     if not (args.uds or args.tcp):
         sys.exit("give --uds and/or --tcp")
+    if args.uds and not args.token_file:
+        sys.exit("--uds needs --token-file: the token a caller on the socket must show")
     serve(args)
 
 

@@ -4,8 +4,8 @@ Errors print as ``ERROR: message`` plus a hint and the details that help (CRIU l
 failing command's output); ``-v`` adds the traceback. This module holds the ``main`` group (the
 ``podmigrate`` entry point); the commands live by group beside it: ``lab``, ``workload``,
 ``migrate`` (migrate, history, gc), ``park`` (park, restore, parked), ``evacuate`` (evacuate,
-watch, lab notice/cordon/uncordon), ``bench`` and ``bench_runs`` (bench, report, demo) and ``k8s``;
-``output`` prints.
+watch, lab notice/cordon/uncordon), ``bench`` and ``bench_runs`` (bench, report, demo), ``k8s`` and
+``hosts``; ``output`` prints.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from podmigrate.cli import bench, bench_runs, evacuate, k8s, kube, lab, migrate, park, workload
+from podmigrate.cli import bench, bench_runs, evacuate, hosts, k8s, kube, lab, migrate, park, workload
 from podmigrate.cli.output import fail
 from podmigrate.errors import PodmigrateError
 
@@ -57,3 +57,4 @@ main.add_command(bench.bench)
 main.add_command(bench.report_cmd)
 main.add_command(k8s.k8s_group)
 main.add_command(kube.kube)
+main.add_command(hosts.hosts)

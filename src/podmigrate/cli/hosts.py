@@ -1,0 +1,48 @@
+"""``podmigrate hosts``: machines that are not the lab. ``init`` makes an inventory's identities and
+each host's agent bundle (``hosts.identities``); ``install-agent``, run on a host, installs its agent
+as a systemd service from this package (``hosts.agent_unit``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from podmigrate.cli.output import emit, out
+
+
+@click.group()
+def hosts() -> None:
+    """Hosts running Podman that are not the lab (docs/hosts.md)."""
+
+
+@hosts.command("init")
+@click.argument("inventory", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print the bundles' paths as JSON.")
+def init_cmd(inventory: Path, as_json: bool) -> None:
+    """A CA, a certificate per host of INVENTORY and for the controller, and each host's agent bundle."""
+    from podmigrate.hosts import identities
+    from podmigrate.hosts import inventory as inv_mod
+
+    inv = inv_mod.load(inventory)
+    bundles = {name: str(path) for name, path in identities.init(inv).items()}
+
+    def render(b: dict[str, Any]) -> None:
+        for name, path in b.items():
+            out.print(f"{name}: {path}  (copy it to {name}, then there: podmigrate hosts install-agent DIR)")
+
+    emit(bundles, as_json, render)
+
+
+@hosts.command("install-agent")
+@click.argument("bundle", type=click.Path(path_type=Path))
+@click.option("--root", type=click.Path(path_type=Path), default=Path("/"), show_default=True,
+              help="Write under this root instead, and start nothing.")  # fmt: skip
+def install_agent(bundle: Path, root: Path) -> None:
+    """On a host: its agent from BUNDLE (made by `hosts init`), as the systemd service podmigrate-agent."""
+    from podmigrate.hosts import agent_unit
+
+    done = agent_unit.install(bundle, root)
+    out.print(f"bundle in {done['etc']}, unit {done['unit']}" + (", started" if root == Path("/") else ""))
