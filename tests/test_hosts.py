@@ -67,6 +67,8 @@ def test_an_inventory_names_its_hosts_and_defaults_the_rest(tmp_path: Path) -> N
             "is not host:port",
         ),
         ("host = 1\n", "unknown keys ['host']"),
+        (TWO.replace("'192.0.2.2'", "'2001:db8::2'"), "is not an IPv4 address"),
+        (TWO.replace("[hosts.b]", "[hosts.podmigrate-controller]"), "'podmigrate-controller' is the controller's"),
         ("[hosts\n", "is not TOML"),
     ],
 )
@@ -93,6 +95,18 @@ def test_init_makes_each_hosts_bundle_once_and_keeps_it(tmp_path: Path) -> None:
     before = (b / "agent.crt").read_bytes()
     identities.init(inv)  # again: what is still valid is kept
     assert (b / "agent.crt").read_bytes() == before
+    # a host given another address gets a certificate for it (the old one would fail every handshake)
+    moved = inventory.load(write(tmp_path, GOOD.format(a="192.0.2.11", b="192.0.2.13")))
+    b = identities.init(moved)["host-b"]
+    cert = x509.load_pem_x509_certificate((b / "agent.crt").read_bytes())
+    sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert [str(ip) for ip in sans.get_values_for_type(x509.IPAddress)] == ["192.0.2.13"]
+
+
+def test_a_relative_state_directory_is_beside_the_inventory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir("/")
+    inv = inventory.load(write(tmp_path, 'state = "run/state"\n' + TWO))
+    assert inv.state == tmp_path / "run/state"
 
 
 def test_install_agent_puts_the_bundle_and_the_unit_in_place(tmp_path: Path) -> None:
@@ -139,14 +153,17 @@ def test_a_hosts_agent_lets_in_its_controller_and_hands_peers_only_checkpoints(t
         peer = client(ca.issue("host-b", ips=[f"{net}.12"]).client_context())
         with pytest.raises(PodmigrateError, match=r"GET /v1/notice is not open to peers \('host-b'\)"):
             peer.get("/v1/notice")
+        intruder = client(ca.issue("host-z").client_context())  # this CA's, but no host of the inventory
+        with pytest.raises(PodmigrateError, match=r"certificate 'host-z' is not one of its peers"):
+            intruder.get("/v1/notice")
         # the controller's name, from another CA: the agent ends the handshake
-        foreign = CA(tmp_path / "other-pki", "other").issue(identities.CONTROLLER)
+        foreign = CA(tmp_path / "other-pki", "other").issue(inventory.CONTROLLER)
         tls = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=str(ca.cert_path))
         tls.load_cert_chain(str(foreign.cert), str(foreign.key))
         stranger = client(tls)
         with pytest.raises(PodmigrateError, match="unreachable"):
             stranger.get("/v1/notice")
-        for c in (controller, peer, stranger):
+        for c in (controller, peer, intruder, stranger):
             c.close()
     finally:
         agent.kill()

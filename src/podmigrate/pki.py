@@ -71,6 +71,24 @@ def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     )
 
 
+def _hostlike(name: str) -> bool:
+    return all(c.isalnum() or c in "-." for c in name)  # a Kubernetes user (system:node:x) is not
+
+
+def _wanted(name: str, ips: Sequence[str], dns: Sequence[str]) -> set[str]:
+    return {*([name] if _hostlike(name) else []), *dns, *(str(ipaddress.ip_address(ip)) for ip in ips)}
+
+
+def _names(cert_path: Path) -> set[str]:
+    """A certificate's DNS and IP SANs: one whose names changed is made again."""
+    cert = x509.load_pem_x509_certificate(cert_path.read_bytes())
+    try:
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return set()
+    return {*sans.get_values_for_type(x509.DNSName), *map(str, sans.get_values_for_type(x509.IPAddress))}
+
+
 class CA:
     """The CA in ``directory`` (``ca.crt``, ``ca.key``), made on first use."""
 
@@ -114,15 +132,14 @@ class CA:
         file = file or name
         cert_path, key_path = self.dir / f"{file}.crt", self.dir / f"{file}.key"
         ident = Identity(name, cert_path, key_path, self.cert_path)
-        if _fresh(cert_path) and key_path.exists():
+        if _fresh(cert_path) and key_path.exists() and _names(cert_path) == _wanted(name, ips, dns):
             return ident
         ca_key = serialization.load_pem_private_key(self.key_path.read_bytes(), None)
         ca_cert = x509.load_pem_x509_certificate(self.cert_path.read_bytes())
         assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
         key = _key()
         now = dt.datetime.now(dt.UTC)
-        hostlike = all(c.isalnum() or c in "-." for c in name)  # a Kubernetes user (system:node:x) is not
-        sans: list[x509.GeneralName] = [*([x509.DNSName(name)] if hostlike else []), *map(x509.DNSName, dns)]
+        sans: list[x509.GeneralName] = [*([x509.DNSName(name)] if _hostlike(name) else []), *map(x509.DNSName, dns)]
         subject = [*(x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in orgs)]
         subject.append(x509.NameAttribute(NameOID.COMMON_NAME, name))
         sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]

@@ -10,7 +10,7 @@ Service switch), the blackout in its record (the time the Service selected no re
 and cold) and drift (decoupled: the source served on after its checkpoint), and beside them what a
 client on the LAN saw (``kube.prober``: 50 Hz through the Service's NodePort, a new connection per
 probe): the longest run of failed probes and whether the state it read ever went back; bytes, and
-whether the heap came over (SHA-256 and start time); every probe of a run in ``probes/<run>.json``.
+whether the heap came over (SHA-256 and start time); every probe of a run in ``probes/<heap>-<run>.json``.
 ``podmigrate bench k8s`` runs it; ``report`` renders ``k8s.json``.
 """
 
@@ -163,7 +163,7 @@ def run(
                 row["warmup"], row["pleg"] = r < warmup, pleg
                 if probes := row.pop("_probes", None):  # each answer, for what a summary cannot show
                     (out_dir / "probes").mkdir(exist_ok=True)
-                    (out_dir / "probes" / f"{index}.json").write_text(json.dumps({"row": row, **probes}))
+                    (out_dir / "probes" / f"{heap}-{index}.json").write_text(json.dumps({"row": row, **probes}))
                 rows.append(row)
                 with open(out_dir / "k8s.jsonl", "a") as f:
                     f.write(json.dumps(row) + "\n")

@@ -18,10 +18,10 @@ import shlex
 import shutil
 from pathlib import Path
 
-from podmigrate.hosts.inventory import AGENT_PORT, Inventory
+from podmigrate.errors import UsageError
+from podmigrate.hosts.inventory import AGENT_PORT, CONTROLLER, Inventory
 from podmigrate.pki import CA, Identity
 
-CONTROLLER = "podmigrate-controller"
 ETC = Path("/etc/podmigrate")  # where a host's agent reads its bundle
 
 
@@ -36,8 +36,12 @@ def agent_args(inv: Inventory, host: str, etc: Path = ETC) -> list[str]:
 
 
 def controller(inv: Inventory) -> Identity:
-    """The controller's certificate (made by ``init``): how ``podmigrate`` calls the agents."""
-    return CA(inv.state / "pki", _label(inv)).issue(CONTROLLER)
+    """The controller's certificate, as ``init`` made it (never a new CA: every bundle hangs on it)."""
+    pki = inv.state / "pki"
+    ident = Identity(CONTROLLER, pki / f"{CONTROLLER}.crt", pki / f"{CONTROLLER}.key", pki / "ca.crt")
+    if not all(p.is_file() for p in (ident.cert, ident.key, ident.ca)):
+        raise UsageError(f"no controller identity in {pki}", hint=f"run: podmigrate hosts init {inv.path}")
+    return ident
 
 
 def init(inv: Inventory) -> dict[str, Path]:
@@ -46,7 +50,7 @@ def init(inv: Inventory) -> dict[str, Path]:
     ca.issue(CONTROLLER)
     out: dict[str, Path] = {}
     for h in inv.hosts:
-        ident = ca.issue(h.name, ips=[h.address])
+        ident = ca.issue(h.name, ips=[h.address], file=f"host-{h.name}")
         d = inv.state / "bundles" / h.name
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)

@@ -2,7 +2,7 @@
 
 A TOML file::
 
-    state = "/var/lib/podmigrate/hosts"   # the controller's state directory (default: beside this file)
+    state = "/var/lib/podmigrate/hosts"   # the controller's state directory (default, or relative: beside this file)
     registry = "registry.example:5000"    # optional: the registry and archive transports need one
     router = "none"                       # how a workload's address follows it: none | static | l2
     network = "podman"                    # the containers' network on every host
@@ -31,6 +31,7 @@ ROUTERS = ("none", "static", "l2")
 AGENT_PORT = layout.AGENT_PORT  # every agent's: they reach each other's there too
 TOP = {"state", "registry", "router", "network", "hosts"}
 HOST = {"address"}
+CONTROLLER = "podmigrate-controller"  # the controller's certificate name: agents let it call every route
 
 
 @dataclass(frozen=True)
@@ -78,14 +79,18 @@ def parse(doc: dict[str, Any], path: Path) -> Inventory:
     for name, h in hosts_doc.items():
         if not names.is_name(name):
             raise bad(f"host name {name!r} is not a valid name", "letters, digits, '_', '.' and '-', as a container's")
+        if name == CONTROLLER:
+            raise bad(f"host name {name!r} is the controller's", "name the host otherwise")
         if not isinstance(h, dict) or (unknown := sorted(set(h) - HOST)):
             raise bad(f"[hosts.{name}] has unknown keys {unknown if isinstance(h, dict) else h!r}",
                       f"the keys of a host are {', '.join(sorted(HOST))}")  # fmt: skip
         try:
-            address = str(ipaddress.ip_address(str(h.get("address", ""))))
+            address = str(ipaddress.IPv4Address(str(h.get("address", ""))))
         except ValueError:
-            raise bad(f"[hosts.{name}] address {h.get('address')!r} is not an IP address",
-                      'for example address = "192.0.2.11": where the other hosts reach it') from None  # fmt: skip
+            raise bad(
+                f"[hosts.{name}] address {h.get('address')!r} is not an IPv4 address (IPv6: not yet)",
+                'for example address = "192.0.2.11": where the other hosts reach it',
+            ) from None
         hosts.append(Host(name, address))
     if len({h.address for h in hosts}) < len(hosts):
         raise bad("two hosts have one address", "each host's agent needs its own address")
@@ -98,5 +103,6 @@ def parse(doc: dict[str, Any], path: Path) -> Inventory:
     network = doc.get("network", "podman")
     if not names.is_name(network):
         raise bad(f"network {network!r} is not a valid network name", "the name `podman network ls` shows")
-    state = Path(str(doc.get("state") or path.resolve().parent / f"{path.stem}.state"))
+    here = path.resolve().parent
+    state = here / str(doc["state"]) if doc.get("state") else here / f"{path.stem}.state"  # relative: to this file
     return Inventory(path, state, tuple(hosts), registry, str(router), str(network))

@@ -48,10 +48,10 @@ class AddressPlan:
         return layout.in_workload_subnet(ip)
 
     def traffic(self) -> LanClient:
-        return LanClient(self.agent("lan"), layout.node_ip)
+        return LanClient(self.agent("lan"), self.node_address)
 
     def observer(self) -> LanClient:
-        return LanClient(self.agent("lan"), layout.node_ip)
+        return LanClient(self.agent("lan"), self.node_address)
 
 
 class Lab(AddressPlan):

@@ -5,6 +5,7 @@ Used by the phases beside this module; ``engine.controller`` makes one per migra
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,8 +69,9 @@ class Ctx:
         return self._observer
 
     def close(self) -> None:
-        for c in [*self.clients.values(), self._router, self._observer]:
-            if c is not None:
-                c.close()
-        self.clients.clear()
-        self._router = self._observer = None
+        with contextlib.ExitStack() as stack:  # every client closed, whichever fails
+            for c in [*self.clients.values(), self._router, self._observer]:
+                if c is not None:
+                    stack.callback(c.close)
+            self.clients.clear()
+            self._router = self._observer = None
