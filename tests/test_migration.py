@@ -466,7 +466,7 @@ def test_a_small_suite_produces_a_valid_report(lab, tmp_path):
     [
         (["--network", "mig", "-v", "/var/tmp:/data"], "bind /var/tmp -> /data: their files stay on the source"),
         (["--network", "mig", "-p", "18080:8000"], "publishes ports ['8000/tcp']"),
-        ([], "is on network 'podman', not the lab's 'mig'"),
+        ([], "is on network 'podman', not the cluster's 'mig'"),
         (["--network", "mig", "--device", "/dev/null:/dev/xnull"], "uses host devices ['/dev/null']"),
     ],
     ids=["bind-mount", "published-port", "default-network", "device"],
