@@ -71,6 +71,15 @@ def kept(before: dict[str, Any], after: dict[str, Any]) -> None:
     assert after["counter"] >= before["counter"]
 
 
+def services_as_before(kube: KubeCluster) -> None:
+    """The example's Service (unless deleted) selects by its own labels only, and no EndpointSlice of podmigrate's is
+    left: no migration's pin or handover outlived it."""
+    for svc in get(kube, "services", "-n", NS, "--field-selector", "metadata.name=heapsrv")["items"]:  # if not deleted
+        assert svc["spec"]["selector"] == {"app": "heapsrv"}
+    ours = get(kube, "endpointslices", "-n", NS, "-l", "endpointslice.kubernetes.io/managed-by=podmigrate.io")
+    assert [s["metadata"]["name"] for s in ours["items"]] == []
+
+
 def leftovers(kube: KubeCluster) -> dict[str, list[str]]:
     """Checkpoint archives left in each node's kubelet directory (memory: the agent removes them)."""
     out = {}

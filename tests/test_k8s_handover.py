@@ -189,7 +189,7 @@ def test_a_decoupled_checkpoint_undone_gives_the_services_back_and_deletes_the_a
     ctx = decoupled
     phases.checkpoint(ctx)
     said = phases.undo_checkpoint(ctx)
-    assert said == "deleted archives ['/var/lib/kubelet/checkpoints/x.tar']"
+    assert said == "deleted archives ['/var/lib/kubelet/checkpoints/x.tar']; Services given back"
     assert ours(ctx) == []
     assert (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"] == {"app": "web"}
 
@@ -205,3 +205,23 @@ def test_a_service_deleted_before_the_switch_is_refused_and_released_without_wai
     controller_slice(ctx.api, endpoint("web-src", "10.0.0.2", ready=False))  # type: ignore[arg-type]
     assert handover.release(ctx, "web-src", 60.0) is None
     assert ours(ctx) == []
+
+
+def test_a_cutover_undone_lists_the_source_again_and_the_copy_never_joins(decoupled: Ctx) -> None:
+    ctx = decoupled
+    phases.checkpoint(ctx)
+    ctx.rec["pod_ip"] = "10.0.1.7"
+    phases.cutover(ctx)
+    assert phases.undo_cutover(ctx) == "the Services' slices list web-src again"
+    (mine,) = ours(ctx)
+    assert mine["endpoints"] == [endpoint("web-src", "10.0.0.2")]
+    # the selector stays handed over: the copy, carrying the source's labels, is in no controller's slice
+    assert (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"][INSTANCE] == "handed-over-m1-id"
+
+
+def test_a_service_that_does_not_list_the_source_is_not_handed_over(ctx: Ctx) -> None:
+    controller_slice(ctx.api, endpoint("other-pod", "10.0.0.9"))  # type: ignore[arg-type]
+    with pytest.raises(PodmigrateError, match=r"Services \['web'\] do not list web-src as an endpoint"):
+        handover.take(ctx)
+    assert ours(ctx) == []  # nothing made, and the selector untouched
+    assert (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"] == {"app": "web"}

@@ -27,7 +27,21 @@ from podmigrate.kube.prober import Prober, blackout, went_back
 from podmigrate.lab.host import join
 
 from .conftest import wait_for
-from .kube_helpers import NS, Watch, apply_list, events, final, get, kept, leftovers, migrate, other, plm, serving
+from .kube_helpers import (
+    NS,
+    Watch,
+    apply_list,
+    events,
+    final,
+    get,
+    kept,
+    leftovers,
+    migrate,
+    other,
+    plm,
+    services_as_before,
+    serving,
+)
 
 pytestmark = pytest.mark.lab
 
@@ -47,6 +61,7 @@ def rolled_back(cluster: KubeCluster, name: str, source: dict[str, Any], before:
     assert pod["metadata"]["name"] == source["metadata"]["name"]
     assert "podmigrate.io/migration" not in (pod["metadata"].get("annotations") or {})
     kept(before, after)
+    services_as_before(cluster)
     assert "RolledBack" in [r for r, _ in events(cluster, name)]
     wait_for(lambda: leftovers(cluster) == {n: [] for n in cluster.lab.nodes}, 60, "no checkpoint archive left")
     return st
@@ -86,6 +101,7 @@ def test_no_agent_on_the_source_node_fails_before_anything_moves(cluster: KubeCl
     after_pod, after = serving(cluster)
     assert after_pod["metadata"]["name"] == pod["metadata"]["name"]
     kept(before, after)
+    services_as_before(cluster)  # the Services were handed over before the agent was asked: given back
 
 
 def test_the_copy_deleted_as_it_starts_rolls_back(cluster: KubeCluster, example: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""A streamed migration's Services handed from the source to the copy in one EndpointSlice write.
+"""A migration's Services handed from the source to the copy in one EndpointSlice write (streamed
+migrations, and decoupled ones through the kubelet).
 
 kube-proxy (and Cilium) serve a Service from every EndpointSlice labelled with its name, whoever
 manages it. Before the freeze (``take``) the operator writes one slice of its own per Service
@@ -57,8 +58,14 @@ def take(ctx: Ctx) -> None:
     owner = {"apiVersion": plm.get("apiVersion", "podmigrate.io/v1alpha1"), "kind": "PodLiveMigration",
              "name": ctx.name, "uid": (plm.get("metadata") or {}).get("uid", ""), "controller": True}  # fmt: skip
     made: dict[str, list[str]] = dict(rec.get("handover") or {})
-    for svc in rec["services"]:
-        for i, sl in enumerate(s for s in _controllers(ctx, svc) if _listed(s, src)):
+    listing = {svc: [s for s in _controllers(ctx, svc) if _listed(s, src)] for svc in rec["services"]}
+    if missing := sorted(svc for svc, found in listing.items() if not found and not made.get(svc)):
+        raise PodmigrateError(
+            f"Services {missing} do not list {src} as an endpoint: handed over, they would serve nothing",
+            hint="wait until its Services list the pod (kubectl get endpointslices), then migrate again",
+        )
+    for svc, found in listing.items():
+        for i, sl in enumerate(found):
             name = f"{svc}-podmigrate-{rec['id']}-{i}"[:253]
             if name in made.get(svc, []):
                 continue  # resumed: made already
@@ -83,6 +90,7 @@ def take(ctx: Ctx) -> None:
             made.setdefault(svc, []).append(name)
             rec["handover"] = made
             rec["handover_ports"] = [*(rec.get("handover_ports") or []), body["ports"]]
+            rec["handover_endpoints"] = {**(rec.get("handover_endpoints") or {}), name: body["endpoints"]}
             ctx.save()
     rec["handover"] = made
     set_selectors(ctx, f"handed-over-{rec['id']}")  # no pod carries it: the controller's slices empty
@@ -114,6 +122,16 @@ def switch(ctx: Ctx, pod_ip: str) -> None:
     for names in (rec.get("handover") or {}).values():
         for name in names:
             ctx.api.patch(slices(ctx.ns, name), {"endpoints": [endpoint]})
+
+
+def switch_back(ctx: Ctx) -> str:
+    """A cutover undone: the operator's slices list the source again, as ``take`` copied it (the
+    selectors stay handed over: the copy, about to be deleted, must not join the Services)."""
+    endpoints = ctx.rec.get("handover_endpoints") or {}
+    for names in (ctx.rec.get("handover") or {}).values():
+        for name in names:
+            ctx.api.patch(slices(ctx.ns, name), {"endpoints": endpoints.get(name) or []})
+    return f"the Services' slices list {ctx.spec['podName']} again"
 
 
 def release(ctx: Ctx, pod: str, timeout: float) -> str | None:

@@ -137,8 +137,14 @@ def checkpoint(ctx: Ctx) -> None:
 def undo_checkpoint(ctx: Ctx) -> str:
     if ctx.rec.get("transport") == "stream":
         return stream_phases.undo_checkpoint(ctx)
-    if "handover" in ctx.rec:
-        _warn(handover.release(ctx, ctx.spec["podName"], stream_phases.HANDBACK_S))
+    # the Services first: deleting the archives needs the source's agent, which may be what failed
+    given = ""
+    if "handover" in ctx.rec:  # back to their own selectors (a warning if slow: they serve)
+        given = "; " + (handover.release(ctx, ctx.spec["podName"], stream_phases.HANDBACK_S) or "Services given back")
+    return delete_archives(ctx) + given
+
+
+def delete_archives(ctx: Ctx) -> str:
     body = {"checkpoint_id": ctx.rec["id"], "containers": ctx.rec["containers"]}
     out = ctx.agents.call(ctx.rec["source"], "/v1/archives/delete", body)
     return f"deleted archives {sorted(p for p, was in out['deleted'].items() if was)}"
@@ -185,7 +191,7 @@ def delete_images(ctx: Ctx) -> Any:
 
 
 def undo_package(ctx: Ctx) -> str:
-    undo_checkpoint(ctx)  # archives are deleted after a push; a failed push leaves them
+    delete_archives(ctx)  # archives are deleted after a push; a failed push leaves them
     delete_images(ctx)
     return f"deleted checkpoint images {list(ctx.rec['references'].values())}"
 
@@ -259,6 +265,12 @@ def cutover(ctx: Ctx) -> None:
     ctx.rec["cutover_at"] = time.time()
 
 
+def undo_cutover(ctx: Ctx) -> str:
+    if "handover" in ctx.rec:  # the copy (deleted next) never joins the Services
+        return handover.switch_back(ctx)
+    return undo_selectors(ctx)
+
+
 def cleanup(ctx: Ctx) -> None:
     rec = ctx.rec
     warnings: list[str] = []
@@ -276,7 +288,7 @@ def cleanup(ctx: Ctx) -> None:
         steps.append(("restore the Services' selectors", lambda: set_selectors(ctx, None)))
     if rec.get("references") and rec.get("transport") != "stream":  # a streamed one made neither
         steps.append(("delete checkpoint images", lambda: delete_images(ctx)))
-        steps.append(("delete archives", lambda: undo_checkpoint(ctx)))
+        steps.append(("delete archives", lambda: delete_archives(ctx)))
     if rec.get("restore_dirs"):  # the restored process runs from memory; a restart starts fresh anyway
         body = {"checkpoint_id": rec["id"]}
         steps.append(
@@ -310,7 +322,7 @@ PHASES = phase_table(
     Phase(P.CHECKPOINT, checkpoint, undo_checkpoint, artifact=True),
     Phase(P.PACKAGE, package, undo_package, artifact=True),
     Phase(P.RESTORE, restore, undo_restore),
-    Phase(P.CUTOVER, cutover, undo_selectors, undo_group="selectors"),
+    Phase(P.CUTOVER, cutover, undo_cutover, undo_group="selectors"),
     Phase(P.PAGES, stream_phases.pages),  # past the commit (cutover): nothing to undo
     Phase(P.CLEANUP, cleanup),
 )
