@@ -15,8 +15,10 @@ import pytest
 from cryptography import x509
 
 from podmigrate.client import AgentClient
+from podmigrate.engine.cluster import Cluster
 from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.hosts import agent_unit, identities, inventory
+from podmigrate.hosts.cluster import Hosts, LocalObserver
 from podmigrate.pki import CA
 
 from .conftest import wait_for
@@ -165,6 +167,73 @@ def test_a_hosts_agent_lets_in_its_controller_and_hands_peers_only_checkpoints(t
             stranger.get("/v1/notice")
         for c in (controller, peer, intruder, stranger):
             c.close()
+        # the controller's view of the inventory: host-a answers, host-b (no agent started) does not
+        hosts: Cluster = Hosts(inv)
+        st = Hosts(inv).status()
+        assert st["host-a"]["up"], st
+        assert (st["host-a"]["up"], st["host-a"]["name"], st["host-a"]["ip"]) == (True, "host-a", f"{net}.11")
+        assert (st["host-b"]["up"], st["host-b"]["address"]) == (False, f"{net}.12")
+        with pytest.raises(PodmigrateError, match=r"agents not answering: host-b \(agent host-b unreachable"):
+            hosts.require_up()
     finally:
         agent.kill()
         agent.wait()
+
+
+def test_hosts_refuse_what_is_not_there_before_anything_moves(tmp_path: Path) -> None:
+    inv = inventory.load(write(tmp_path, GOOD.format(a="192.0.2.11", b="192.0.2.12")))
+    hosts = Hosts(inv)
+    assert (hosts.nodes, hosts.node_address("host-b"), hosts.registry) == (
+        ["host-a", "host-b"], "192.0.2.12", "registry.example:5000")  # fmt: skip
+    with pytest.raises(UsageError, match=r"router 'l2' is not built for hosts yet") as e:
+        hosts.traffic()
+    assert 'router = "none"' in (e.value.hint or "")
+    with pytest.raises(UsageError, match="no host 'host-c'"):
+        hosts.agent("host-c")
+    with pytest.raises(UsageError, match=r"no controller identity in .*pki"):
+        hosts.agent("host-a")  # `hosts init` not run yet
+    bare = Hosts(inventory.load(write(tmp_path, TWO)))
+    with pytest.raises(UsageError, match="names no registry") as e:
+        _ = bare.registry
+    assert "--transport stream" in (e.value.hint or "")
+    assert bare.traffic().switch("10.88.0.5", "b")["router"] == "none"
+
+
+def test_the_controller_observes_from_where_it_runs(tmp_path: Path) -> None:
+    """A real HTTP server on loopback, read and probed at 50 Hz by the controller itself."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = b'{"counter": 1}' if self.path == "/state" else b"ok"
+            self.send_response(200 if self.path in ("/state", "/healthz") else 404)
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    obs = LocalObserver()
+    try:
+        got = obs.get(f"http://127.0.0.1:{port}/state", timeout=5)
+        assert (got["ok"], got["status"], got["body"]) == (True, 200, '{"counter": 1}')
+        assert obs.get(f"http://127.0.0.1:{port}/nothing", timeout=5)["status"] == 404
+        with pytest.raises(UsageError, match="http:// URLs only"):
+            obs.get("file:///etc/passwd")
+        pid = obs.start_probe({"host": "127.0.0.1", "port": port, "path": "/healthz", "interval": 0.02})
+        wait_for(lambda: len([r for r in obs.probe_records(pid) if r["ok"]]) >= 5, 30, "five answered probes")
+        recs = obs.stop_probe(pid)
+        assert len(recs) >= 5 and all(r["ok"] for r in recs if not r.get("pending"))
+        with pytest.raises(UsageError, match=f"no probe {pid}"):
+            obs.probe_records(pid)
+        server.shutdown()
+        server.server_close()
+        refused = obs.get(f"http://127.0.0.1:{port}/state", timeout=5)
+        assert refused["ok"] is False and "ConnectionRefused" in refused["error"]
+    finally:
+        obs.close()
+        server.server_close()

@@ -6,17 +6,15 @@ Standard library only. One per lab, on the LAN bridge's side; served by ``agent.
 
 from __future__ import annotations
 
-import http.client
 import os
 import threading
-import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
 
 from podmigrate import layout, names, routing
 from podmigrate.agent.http import App
-from podmigrate.agent.probe import KeepAlive, Probe
+from podmigrate.agent.probe import KeepAlive, Probe, fetch
 from podmigrate.errors import UsageError
 from podmigrate.routing import Router
 
@@ -122,22 +120,8 @@ class LanAgent:
                 f"/v1/http fetches http:// URLs of service addresses ({layout.WORKLOAD_SUBNET}, or a node's "
                 f"address but not its agent's port) and the registry's /v2/ only, not {b.get('url')!r}"
             )
-        t0 = time.time()
-        conn = http.client.HTTPConnection(host, port, timeout=float(b.get("timeout", 10)))
-        try:
-            conn.request("GET", (url.path or "/") + (f"?{url.query}" if url.query else ""))
-            r = conn.getresponse()
-            body, status = r.read(1 << 20), r.status
-        except (OSError, http.client.HTTPException) as e:
-            return {"ok": False, "error": f"{type(e).__name__}: {e}", "elapsed": time.time() - t0}
-        finally:
-            conn.close()
-        return {
-            "ok": status == 200,
-            "status": status,
-            "body": body.decode(errors="replace"),
-            "elapsed": time.time() - t0,
-        }
+        target = (url.path or "/") + (f"?{url.query}" if url.query else "")
+        return fetch(host, port, target, float(b.get("timeout", 10)))
 
     def start_probe(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         pr = Probe(

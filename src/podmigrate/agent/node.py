@@ -1,7 +1,7 @@
 """The node agent's routes: containers, pods, checkpoints and their transports (standard library only).
 
 Served by ``agent.server`` over ``agent.http``; CRIU's long-running processes are in
-``agent.node_lazy``, memory reservations in ``agent.memory``, file names and locks in
+``agent.node_lazy``, images in ``agent.node_images``, memory reservations in ``agent.memory``, file names and locks in
 ``agent.checkpoints``; the checkpoint bytes move through ``transport`` (``registry``, ``stream``,
 ``archive``).
 """
@@ -21,6 +21,7 @@ from podmigrate.agent import node_prefetch, tls
 from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App, safe_id
 from podmigrate.agent.memory import Reservations
+from podmigrate.agent.node_images import NodeImages
 from podmigrate.agent.node_lazy import LazyPages, network_lock
 from podmigrate.agent.node_prefetch import Prefetches
 from podmigrate.agent.notice import SpotNotice
@@ -76,10 +77,6 @@ class NodeAgent:
             ("GET", "/v1/info", self.info),
             ("GET", "/v1/containers", self.containers),
             ("POST", "/v1/containers", self.run),
-            ("POST", "/v1/images", self.ensure_image),
-            ("POST", "/v1/images/send", self.send_image),
-            ("POST", "/v1/cpuinfo/check", self.cpuinfo_check),
-            ("POST", "/v1/images/load", self.load_image),
             ("POST", "/v1/pods", self.pod),
             ("GET", "/v1/pods/(?P<pod>[^/]+)", self.pod_info),
             ("POST", "/v1/pods/(?P<pod>[^/]+)/checkpoint", self.pod_checkpoint),
@@ -110,12 +107,14 @@ class NodeAgent:
         self.app.route("PUT", "/v1/checkpoints/(?P<cid>[^/]+)", peer=True)(self.upload)
         self.app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/commit", peer=True)(self.commit)
         self.lazy.register(self.app)
+        NodeImages(self.rt, self.files, self.stream, self.peers).register(self.app)
         self.memory.register(self.app)
         self.notice.register(self.app)
 
     # ------------------------------------------------------------------ containers and pods
     def info(self, p: dict[str, str], b: dict[str, Any]) -> Any:
-        free = shutil.disk_usage(self.files.root)
+        # the checkpoints' directory is made by the first checkpoint; its file system is known before
+        free = shutil.disk_usage(next(d for d in (self.files.root, *self.files.root.parents) if d.exists()))
         return {
             "name": self.app.name,
             "role": self.app.role,
@@ -135,34 +134,6 @@ class NodeAgent:
         names.name(b.get("name"))
         self.rt.ensure_image(names.image(b.get("image")))
         return self.rt.run(b)  # type: ignore[arg-type]
-
-    def ensure_image(self, p: dict[str, str], b: dict[str, Any]) -> Any:
-        t0 = time.time()
-        got = self.rt.ensure_image(names.image(b.get("image")), b.get("id", ""))
-        return {"image": b["image"], **got, "seconds": time.time() - t0}
-
-    def cpuinfo_check(self, p: dict[str, str], b: dict[str, Any]) -> Any:
-        return {"why": self.rt.cpuinfo_check(str(b["image"]))}
-
-    def send_image(self, p: dict[str, str], b: dict[str, Any]) -> Any:
-        """The image (by ID) to another node's agent, as a checkpoint stream is sent (SHA-256 checked)."""
-        image_id, cid = str(b["id"]), f"image-{safe_id(str(b['id'])[:12])}"
-        archive = self.files.archive(cid)
-        try:
-            self.rt.save_image(image_id, archive)
-            os.chmod(archive, 0o600)
-            return {"checkpoint_id": cid, **self._send(self.stream, cid, archive, self.peers.address(b["node"]))}
-        finally:
-            self.files.remove(cid)
-
-    def load_image(self, p: dict[str, str], b: dict[str, Any]) -> Any:
-        cid = safe_id(b["checkpoint_id"])
-        with self.files.busy(cid):
-            try:
-                self.rt.load_image(self.files.archive(cid), str(b["id"]), str(b.get("image", "")))
-            finally:
-                self.files.remove(cid)
-        return {"image": b.get("image"), "id": b["id"]}
 
     def pod(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         self.rt.create_pod(b["name"], b.get("network", layout.WORKLOAD_NETWORK))

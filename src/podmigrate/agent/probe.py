@@ -19,6 +19,22 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 
+def fetch(host: str, port: int, target: str, timeout: float) -> dict[str, Any]:
+    """One plain HTTP GET, no redirects followed: ``{"ok", "status", "body", "elapsed"}``, or
+    ``{"ok": False, "error"}`` when it got no answer."""
+    t0 = time.time()
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", target)
+        r = conn.getresponse()
+        body, status = r.read(1 << 20), r.status
+    except (OSError, http.client.HTTPException) as e:
+        return {"ok": False, "error": f"{type(e).__name__}: {e}", "elapsed": time.time() - t0}
+    finally:
+        conn.close()
+    return {"ok": status == 200, "status": status, "body": body.decode(errors="replace"), "elapsed": time.time() - t0}
+
+
 class Probe:
     def __init__(
         self,

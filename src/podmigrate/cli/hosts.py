@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import click
+from rich.table import Table
 
 from podmigrate.cli.output import emit, out
 
@@ -46,3 +47,30 @@ def install_agent(bundle: Path, root: Path) -> None:
 
     done = agent_unit.install(bundle, root)
     out.print(f"bundle in {done['etc']}, unit {done['unit']}" + (", started" if root == Path("/") else ""))
+
+
+@hosts.command("status")
+@click.argument("inventory", type=click.Path(path_type=Path))
+@click.option("--json", "as_json", is_flag=True, help="Print each agent's answer as JSON.")
+def status_cmd(inventory: Path, as_json: bool) -> None:
+    """Each host's agent, asked over TLS as the controller: its runtime and CRIU, or why it did not answer."""
+    from podmigrate.errors import PodmigrateError
+    from podmigrate.hosts import inventory as inv_mod
+    from podmigrate.hosts.cluster import Hosts
+
+    got = Hosts(inv_mod.load(inventory)).status()
+
+    def render(st: dict[str, dict[str, Any]]) -> None:
+        table = Table("host", "address", "agent", "runtime", "criu")
+        for name, h in st.items():
+            if h["up"]:
+                runtime = f"{h.get('runtime', '?')} {h.get('podman', '')}".strip()
+                table.add_row(name, h["address"], "up", runtime, str(h.get("criu", "?")))
+            else:
+                table.add_row(name, h["address"], f"[red]{h['error']}[/red]", "", "")
+        out.print(table)
+
+    emit(got, as_json, render)
+    if down := [n for n, h in got.items() if not h["up"]]:
+        raise PodmigrateError(f"{len(down)} of {len(got)} agents did not answer: {', '.join(down)}",
+                              hint="on each: systemctl status podmigrate-agent (docs/hosts.md)")  # fmt: skip

@@ -50,11 +50,12 @@ class Podman(PodmanPods, PodmanLazy, PodmanContainers):
         if not hasattr(self, "_cpuinfo"):  # the CPU does not change while the agent runs
             with tempfile.TemporaryDirectory() as d:
                 argv = ["criu", "cpuinfo", "dump", "-D", d]
-                p = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+                try:
+                    ok = subprocess.run(argv, capture_output=True, text=True, timeout=30).returncode == 0
+                except (OSError, subprocess.TimeoutExpired):  # no CRIU here: `hosts status` says so
+                    ok = False
                 img = Path(d) / "cpuinfo.img"
-                self._cpuinfo = (
-                    base64.b64encode(img.read_bytes()).decode() if p.returncode == 0 and img.exists() else None
-                )
+                self._cpuinfo = base64.b64encode(img.read_bytes()).decode() if ok and img.exists() else None
         return self._cpuinfo
 
     def cpuinfo_check(self, image: str) -> str | None:

@@ -1,0 +1,187 @@
+"""Hosts from an inventory as the engine's ``Cluster``: the controller reaches each host's agent
+over TCP with its own certificate (``hosts.identities``), and is itself the observer: it probes and
+reads the workloads from where it runs, as their users would.
+
+Routers: ``none`` (the address does not move: a workload answers at its new host's address after a
+migration, the published ports re-created there) is the only one built; ``static`` and ``l2`` are
+refused by ``require_router`` before anything is frozen, with what to choose instead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ssl
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from podmigrate.agent.probe import Probe, fetch
+from podmigrate.client import AgentClient
+from podmigrate.errors import PodmigrateError, UsageError
+from podmigrate.hosts import identities
+from podmigrate.hosts.inventory import AGENT_PORT, Inventory
+
+BUILT_ROUTERS = ("none",)
+
+
+class NoRouter:
+    """Router ``none``: nothing in the network changes; the workload answers where it runs now."""
+
+    def switch(self, address: str, node: str, drain: bool = False) -> dict[str, Any]:
+        now = time.time()
+        return {"router": "none", "addr": address, "node": node, "started": now, "ended": now}
+
+    def end_drain(self, address: str, timeout: float) -> dict[str, Any]:
+        return {"router": "none", "addr": address, "drained": True}
+
+    def routes(self) -> list[dict[str, Any]]:
+        return []
+
+    def remove(self, address: str) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+
+class LocalObserver:
+    """The controller as the workloads' client: HTTP reads and probes from this machine."""
+
+    def __init__(self) -> None:
+        self.probes: dict[str, Probe] = {}
+        self._lock = threading.Lock()
+
+    def get(self, url: str, timeout: float = 30.0) -> dict[str, Any]:
+        u = urllib.parse.urlsplit(url)
+        if u.scheme != "http" or not u.hostname:
+            raise UsageError(f"the controller reads http:// URLs only, not {url!r}")
+        return fetch(u.hostname, u.port or 80, (u.path or "/") + (f"?{u.query}" if u.query else ""), timeout)
+
+    def start_probe(self, probe: dict[str, Any]) -> str:
+        pr = Probe(str(probe["host"]), int(probe["port"]), probe.get("path", "/healthz"),
+                   float(probe.get("interval", 0.02)), float(probe.get("timeout", 1.0)))  # fmt: skip
+        with self._lock:
+            self.probes[pr.id] = pr
+        return pr.id
+
+    def _probe(self, probe_id: str) -> Probe:
+        with self._lock:
+            if probe_id not in self.probes:
+                raise UsageError(f"no probe {probe_id}")
+            return self.probes[probe_id]
+
+    def probe_records(self, probe_id: str) -> list[dict[str, Any]]:
+        return self._probe(probe_id).snapshot()
+
+    def stop_probe(self, probe_id: str) -> list[dict[str, Any]]:
+        pr = self._probe(probe_id)
+        with self._lock:
+            self.probes.pop(probe_id, None)
+        return pr.stop(wait=False)
+
+    def cancel_probe(self, probe_id: str) -> None:
+        with self._lock:
+            pr = self.probes.pop(probe_id, None)
+        if pr is not None:
+            pr.stop(wait=False)
+
+    def close(self) -> None:
+        for probe_id in list(self.probes):
+            self.cancel_probe(probe_id)
+
+
+class Hosts:
+    """An inventory's hosts (``hosts.inventory``), reached by their agents' addresses."""
+
+    def __init__(self, inv: Inventory):
+        self.inv = inv
+        self.name = inv.path.stem
+        self.dir: Path = inv.state
+        self._tls: ssl.SSLContext | None = None
+
+    @property
+    def nodes(self) -> list[str]:
+        return [h.name for h in self.inv.hosts]
+
+    @property
+    def registry(self) -> str:
+        if not self.inv.registry:
+            raise UsageError(
+                f"{self.inv.path} names no registry: the registry transport needs one",
+                hint='use --transport stream (agent to agent), or add registry = "host:port" to the inventory',
+            )
+        return self.inv.registry
+
+    @property
+    def workload_network(self) -> str:
+        return self.inv.network
+
+    def tls(self) -> ssl.SSLContext:
+        if self._tls is None:
+            self._tls = identities.controller(self.inv).client_context()
+        return self._tls
+
+    def agent(self, name: str, timeout: float = 900.0) -> AgentClient:
+        host = self.inv.host(name)
+        return AgentClient(
+            name,
+            None,
+            "",
+            timeout,
+            base_url=f"https://{host.address}:{AGENT_PORT}",
+            tls=self.tls(),
+            unreachable_hint=f"on {name}: systemctl status podmigrate-agent; TCP {AGENT_PORT} must be open to "
+            "the controller and the other hosts (docs/hosts.md)",
+        )
+
+    def node_address(self, node: str) -> str:
+        return self.inv.host(node).address
+
+    def is_service_address(self, ip: str) -> bool:
+        return False  # router none holds no address for a workload
+
+    def traffic(self) -> NoRouter:
+        self.require_router()
+        return NoRouter()
+
+    def observer(self) -> LocalObserver:
+        return LocalObserver()
+
+    def require_router(self) -> None:
+        if self.inv.router not in BUILT_ROUTERS:
+            raise UsageError(
+                f"{self.inv.path}: router {self.inv.router!r} is not built for hosts yet",
+                hint='use router = "none": the workload then answers at its new host\'s address',
+            )
+
+    def require_up(self) -> None:
+        """Every host's agent answers the controller; an error names those that do not, and why."""
+        down = {}
+        for h in self.inv.hosts:
+            try:
+                with self._closing(h.name, 10) as a:
+                    a.get("/v1/info")
+            except PodmigrateError as e:
+                down[h.name] = e.message
+        if down:
+            raise PodmigrateError(
+                f"agents not answering: {', '.join(f'{n} ({why})' for n, why in down.items())}",
+                hint=f"on each: systemctl status podmigrate-agent; the bundle from `podmigrate hosts init "
+                f"{self.inv.path}` installed with `podmigrate hosts install-agent`",
+            )
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """Each host's agent's answer to ``/v1/info`` (its runtime and CRIU), or why it gave none."""
+        got: dict[str, dict[str, Any]] = {}
+        for h in self.inv.hosts:
+            try:
+                with self._closing(h.name, 10) as a:
+                    got[h.name] = {"up": True, "address": h.address, **a.get("/v1/info")}
+            except PodmigrateError as e:
+                got[h.name] = {"up": False, "address": h.address, "error": e.message}
+        return got
+
+    def _closing(self, name: str, timeout: float) -> contextlib.closing[AgentClient]:
+        return contextlib.closing(self.agent(name, timeout))
