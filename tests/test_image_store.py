@@ -285,6 +285,10 @@ def test_a_lab_writes_its_configuration_into_its_own_directory_never_into_the_im
     for f in files:  # every file a lab mounts has its placeholder in the image
         assert (root / f).is_file() and (tmp_path / "labs/x/image-config" / f).stat().st_size > 0
     assert (tmp_path / "labs/x/image-config/etc/criu/runc.conf").read_text() == image.CRIU_RUNC_CONF
+    conf = tmp_path / "labs/x/image-config/etc/containers/containers.conf"
+    assert 'firewall_driver = "none"' in conf.read_text()
+    node_image.stage_config(tmp_path / "labs/x/image-config", firewall="nftables")  # a lab used as hosts
+    assert 'firewall_driver = "nftables"' in conf.read_text() and '"none"' not in conf.read_text()
     after = {str(p.relative_to(root)): (p.stat().st_mtime_ns, p.stat().st_size) for p in root.rglob("*")}
     assert after == before
     assert not any((root / f).exists() for f in image.CRIU_CONF_DROPPED)

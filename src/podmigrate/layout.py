@@ -16,6 +16,7 @@ LAN_GATEWAY = "10.77.0.1"
 LAN_PREFIX = 24
 REGISTRY = f"{LAN_GATEWAY}:5000"
 AGENT_PORT = 7070
+CONTROLLER = "podmigrate-controller"  # the certificate name agents let call every route over TCP (hosts, lab)
 # Every node has a podman network of this name with the same subnet, so a restored container keeps its
 # address on any node; each node hands out addresses from its own /24 inside it, so two nodes never
 # give the same address to two containers.

@@ -265,7 +265,10 @@ class NodeAgent:
                     raise RuntimeBackendError(f"unpacking checkpoint {cid} failed: {untar.stderr.strip()}")
                 criu += (f"images-dir={pages}",)
             res = self.rt.restore_archive(
-                self.files.archive(cid), tcp_established=b.get("tcp_established", True), criu=criu
+                self.files.archive(cid),
+                tcp_established=b.get("tcp_established", True),
+                criu=criu,
+                keep_address=b.get("keep_address", True),
             )
         return {**res, "image_pulled": b.get("image_pulled", False)}
 

@@ -227,6 +227,7 @@ class LazyPages:
                     tcp_established=b.get("tcp_established", True),
                     wake_faults=b.get("wake_faults", True),
                     gate=gate,
+                    keep_address=b.get("keep_address", True),
                     **opts,
                 )
         except BaseException:

@@ -33,11 +33,17 @@ class Cli(click.Group):
 @click.option(
     "--lab", "lab_name", default="default", envvar="PODMIGRATE_LAB", show_default=True, help="Which lab to act on."
 )
+@click.option(
+    "--hosts",
+    "hosts_file",
+    type=click.Path(dir_okay=False),
+    help="Migrate between the hosts of this inventory instead of a lab (docs/hosts.md): migrate, history.",
+)
 @click.option("-v", "--verbose", is_flag=True, help="Show tracebacks.")
 @click.pass_context
-def main(ctx: click.Context, lab_name: str, verbose: bool) -> None:
+def main(ctx: click.Context, lab_name: str, hosts_file: str | None, verbose: bool) -> None:
     """podmigrate: live-migrate stateful containers with CRIU, and measure what it costs."""
-    ctx.obj = {"lab": lab_name, "verbose": verbose}
+    ctx.obj = {"lab": lab_name, "hosts": hosts_file, "verbose": verbose}
 
 
 main.add_command(lab.lab)

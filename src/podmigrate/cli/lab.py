@@ -6,14 +6,17 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 from rich.table import Table
 
 from podmigrate.cli.output import emit, err, out, status
+from podmigrate.errors import UsageError
 
 if TYPE_CHECKING:
+    from podmigrate.engine.cluster import Cluster
     from podmigrate.lab.cluster import Lab
 
 
@@ -21,7 +24,19 @@ def get_lab(ctx: click.Context) -> Lab:
     """The lab named by ``--lab``; imported here, not at the top, so that `--help` stays fast."""
     from podmigrate.lab.cluster import Lab
 
+    if ctx.obj.get("hosts"):
+        raise UsageError(f"`{ctx.command_path}` acts on a lab, not on --hosts", hint="leave out --hosts")
     return Lab(ctx.obj["lab"])
+
+
+def get_cluster(ctx: click.Context) -> Cluster:
+    """The hosts of ``--hosts INVENTORY`` (docs/hosts.md), or else the lab named by ``--lab``."""
+    if ctx.obj.get("hosts"):
+        from podmigrate.hosts import inventory
+        from podmigrate.hosts.cluster import Hosts
+
+        return Hosts(inventory.load(Path(ctx.obj["hosts"])))
+    return get_lab(ctx)
 
 
 @click.group()
@@ -44,15 +59,23 @@ def lab() -> None:
     show_default=True,
     help="Podman alone, or containerd 2.1 as well on every node, with its CRI socket (the Kubernetes path).",
 )
+@click.option(
+    "--firewall",
+    type=click.Choice(["none", "nftables"]),
+    default="none",
+    show_default=True,
+    help="Podman's firewall on the nodes: none (the lab's routed addresses, no NAT), or nftables (NAT and "
+    "published ports, as on a plain host: for `lab inventory` and --hosts; docs/hosts.md).",
+)
 @click.option("--json", "as_json", is_flag=True)
 @click.pass_context
-def lab_up(ctx: click.Context, nodes: int, router: str | None, runtime: str, as_json: bool) -> None:
+def lab_up(ctx: click.Context, nodes: int, router: str | None, runtime: str, firewall: str, as_json: bool) -> None:
     """Build the node image if needed and start the lab (idempotent)."""
     from podmigrate.workload.image import ready_lab
 
     the_lab = get_lab(ctx)
     with status(f"Lab {the_lab.name!r} up") as report:
-        st = ready_lab(the_lab, nodes=nodes, report=report, router=router, runtime=runtime)
+        st = ready_lab(the_lab, nodes=nodes, report=report, router=router, runtime=runtime, firewall=firewall)
     emit(st, as_json, render_status)
 
 
@@ -117,6 +140,29 @@ def render_status(st: dict[str, Any]) -> None:
             ctrs or "-",
         )
     out.print(t)
+
+
+@lab.command("inventory")
+@click.pass_context
+def lab_inventory(ctx: click.Context) -> None:
+    """Write an inventory of the lab's nodes as hosts, for `podmigrate --hosts` (docs/hosts.md)."""
+    from podmigrate.lab import hosts_view
+
+    path = hosts_view.inventory(get_lab(ctx))
+    out.print(str(path))
+    err.print(f"from the lab's LAN: podmigrate --lab {ctx.obj['lab']} lab lan -- podmigrate --hosts {path} ...")
+
+
+@lab.command("lan", context_settings={"ignore_unknown_options": True})
+@click.argument("argv", nargs=-1, required=True, type=click.UNPROCESSED)
+@click.pass_context
+def lab_lan(ctx: click.Context, argv: tuple[str, ...]) -> None:
+    """Run a command of this machine in the lab's LAN network namespace (where the nodes' addresses are)."""
+    import subprocess
+
+    from podmigrate.lab import hosts_view
+
+    sys.exit(subprocess.call(hosts_view.lan_argv(get_lab(ctx), list(argv))))
 
 
 @lab.command("exec", context_settings={"ignore_unknown_options": True})

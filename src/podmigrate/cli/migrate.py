@@ -10,7 +10,7 @@ from typing import Any
 import click
 from rich.table import Table
 
-from podmigrate.cli.lab import get_lab
+from podmigrate.cli.lab import get_cluster, get_lab
 from podmigrate.cli.output import emit, err, out, status
 from podmigrate.engine.plans import DEFAULT_TRANSPORT
 
@@ -114,7 +114,7 @@ def migrate(
         old_paths=paths.parse(old_paths),
     )
     with status(f"Migrating {name} to {target} ({mode}, {transport})") as report:
-        rec = run_migration(get_lab(ctx), plan, report)
+        rec = run_migration(get_cluster(ctx), plan, report)
     emit(rec, as_json, render_migration)
 
 
@@ -140,6 +140,10 @@ def render_migration(rec: dict[str, Any]) -> None:
             for d in cut.get("drain", [])
         )
         out.print(f"cutover: {cut.get('router')} switch {cut.get('switch_s', 0) * 1000:.1f} ms{drained}")
+    if rec.get("answers_at"):
+        out.print(f"[bold]{rec['workload']} now answers at {', '.join(rec['answers_at'])}[/] (its address changed)")
+    if rec.get("tcp"):
+        out.print(f"tcp: {rec['tcp']}")
     if rec.get("security"):
         out.print("security: " + describe_security(rec["security"]))
     if rec.get("old_paths"):
@@ -177,7 +181,7 @@ def history(ctx: click.Context, limit: int, as_json: bool) -> None:
     """List past migrations, newest first."""
     from podmigrate.engine.controller import store_for
 
-    the_lab = get_lab(ctx)
+    the_lab = get_cluster(ctx)
     the_lab.require_up()
     recs = store_for(the_lab).list(limit=limit)
     if as_json:

@@ -5,7 +5,9 @@ provider conforms to these protocols by its shape.
 
 A workload is reached at its own *service address*; the cluster's ``Router`` decides which node
 that address's traffic goes to (the cutover), and its ``Observer`` is a client outside the nodes:
-what the workload's users see (probes, reads of its state, the registry's listing).
+what the workload's users see (probes, reads of its state, the registry's listing). Where the
+router moves no address (``moves_addresses`` False), a workload is reached at its host's address
+and published ports instead, and changes address when it moves (``engine.phases.published``).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ class Cluster(Protocol):
     def agent(self, name: str, timeout: float = 900.0) -> AgentClient: ...  # a node's agent
     def node_address(self, node: str) -> str: ...  # where the other nodes reach it
     def is_service_address(self, ip: str) -> bool: ...  # one the router may hold for a workload
+    @property
+    def moves_addresses(self) -> bool: ...  # False: a workload answers at its host's published ports
     def traffic(self) -> Router: ...
     def observer(self) -> Observer: ...
     def require_up(self) -> None: ...  # an error, with what to do, when the cluster cannot be reached

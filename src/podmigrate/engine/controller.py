@@ -151,16 +151,19 @@ class LabRunner(Runner[Ctx]):
         release_target_memory(self.ctx)
 
 
-def new_record(plan: Plan, registry: str) -> Record:
+def new_record(plan: Plan, lab: Cluster) -> Record:
+    """A migration's record before its first phase; its checkpoint image's name where it goes
+    through the registry (only then does the cluster need one)."""
     mid = f"{time.strftime('%Y%m%d-%H%M%S')}-{secrets.token_hex(3)}"
-    return {
+    transport = {"cold": "none", "lazy": "stream", PARK: "registry"}.get(plan.mode, plan.transport)
+    rec: Record = {
         "id": mid,
         "workload": plan.workload,
         "container": plan.workload,
         "source": None,
         "target": plan.target,
         "mode": plan.mode,
-        "transport": {"cold": "none", "lazy": "stream", PARK: "registry"}.get(plan.mode, plan.transport),
+        "transport": transport,
         "status": "running",
         "phase": None,
         "phases": [],
@@ -170,8 +173,10 @@ def new_record(plan: Plan, registry: str) -> Record:
         "controller_pid": os.getpid(),
         "controller_start": procs.start_time(os.getpid()),
         "plan": cast(PlanDict, plan.__dict__.copy()),
-        "reference": f"{registry}/podmigrate/checkpoints/{repository_component(plan.workload)}:{mid}",
     }
+    if transport == "registry":
+        rec["reference"] = f"{lab.registry}/podmigrate/checkpoints/{repository_component(plan.workload)}:{mid}"
+    return rec
 
 
 def check_request(lab: Cluster, plan: Plan) -> None:
@@ -200,7 +205,7 @@ def check_request(lab: Cluster, plan: Plan) -> None:
 def migrate(lab: Cluster, plan: Plan, report: Report = lambda _m: None) -> Record:
     """Run one migration; returns its record, or raises MigrationFailed after rolling back."""
     check_request(lab, plan)
-    return _run(lab, new_record(plan, lab.registry), report)
+    return _run(lab, new_record(plan, lab), report)
 
 
 def park(lab: Cluster, workload: str, report: Report = lambda _m: None) -> Record:
@@ -215,7 +220,7 @@ def restore(lab: Cluster, workload: str, target: str, report: Report = lambda _m
     # the parked image is opened as it was sealed: with the key the park kept, or without one
     plan = Plan(workload, target, "stop-copy", "registry", security="on" if key else "off")
     check_request(lab, plan)
-    rec = new_record(plan, lab.registry)
+    rec = new_record(plan, lab)
     rec["scope"] = "parked"
     rec["checkpoint_id"] = entry["checkpoint_id"]
     rec["reference"] = entry["reference"]

@@ -110,6 +110,8 @@ class ProbeRec(TypedDict, total=False):
     log: str  # where its answers were written
     records: int  # how many answers it logged
     pending_at_stop: int  # probes still in flight when it stopped (engine.phases.traffic.settle_pending)
+    source_host: str  # router none: the source's address, probed until the cutover
+    source_log: str  # router none: that probe's answers (engine.phases.published)
 
 
 class Bytes(TypedDict, total=False):
@@ -179,6 +181,10 @@ class Record(RunRecord, total=False):
     member_images: dict[str, dict[str, Any]]  # pods: the same, per member
     target_memory: dict[str, Any]  # memory warmed on the target for the restore (reserve-memory)
     service_addresses: list[str]  # the addresses that move with the workload
+    keep_address: bool  # False: the copy takes an address of the target's (router none)
+    published: list[dict[str, Any]]  # then: its published ports (container_port, protocol, host_ip, host_port)
+    answers_at: list[str]  # then: host:port where it answers after the cutover
+    tcp: str  # why open TCP connections were not carried, when they were not
     nodes: dict[str, dict[str, Any]]  # versions, free disk and capabilities of both nodes at validate
     spec: dict[str, Any]  # cold: how to start the container afresh
     probe: ProbeRec

@@ -142,6 +142,10 @@ class Hosts:
     def is_service_address(self, ip: str) -> bool:
         return False  # router none holds no address for a workload
 
+    @property
+    def moves_addresses(self) -> bool:
+        return self.inv.router != "none"
+
     def traffic(self) -> NoRouter:
         self.require_router()
         return NoRouter()

@@ -31,7 +31,7 @@ ROUTERS = ("none", "static", "l2")
 AGENT_PORT = layout.AGENT_PORT  # every agent's: they reach each other's there too
 TOP = {"state", "registry", "router", "network", "hosts"}
 HOST = {"address"}
-CONTROLLER = "podmigrate-controller"  # the controller's certificate name: agents let it call every route
+CONTROLLER = layout.CONTROLLER  # the controller's certificate name: agents let it call every route
 
 
 @dataclass(frozen=True)

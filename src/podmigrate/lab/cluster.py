@@ -35,6 +35,8 @@ class AddressPlan:
     address plan, and its LAN agent as the router of service addresses and the client outside the
     nodes. The lab and the unit tests' fake lab share it."""
 
+    moves_addresses = True  # every workload has its own address on the lab's network
+
     registry = layout.REGISTRY
     workload_network = layout.WORKLOAD_NETWORK
 
@@ -181,11 +183,16 @@ class Lab(AddressPlan):
 
     # ------------------------------------------------------------------ up, down (lifecycle)
     def up(
-        self, nodes: int = 2, report: Report = lambda _m: None, router: str | None = None, runtime: str = "podman"
+        self,
+        nodes: int = 2,
+        report: Report = lambda _m: None,
+        router: str | None = None,
+        runtime: str = "podman",
+        firewall: str = "none",
     ) -> dict[str, Any]:
         """Build the node image if needed and start the lab (idempotent); its status."""
         with self._exclusive():
-            return lifecycle.up(self, nodes, report, router, runtime)
+            return lifecycle.up(self, nodes, report, router, runtime, firewall)
 
     def down(self, report: Report = lambda _m: None) -> None:
         """Stop every process of the lab and remove everything it created."""

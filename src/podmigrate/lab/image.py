@@ -80,6 +80,12 @@ events_logger = "file"
 [network]
 firewall_driver = "none"  # routing, no NAT: TCP 4-tuples survive a migration
 """
+FIREWALLS = {  # the containers.conf line of each firewall a lab's Podman can have (``lab up --firewall``)
+    "none": 'firewall_driver = "none"  # routing, no NAT: TCP 4-tuples survive a migration',
+    # as on a plain host: NAT and published ports (``lab.hosts_view``); the lab's own routed
+    # migrations are not for such a lab (a restored connection's packets would be masqueraded)
+    "nftables": 'firewall_driver = "nftables"  # NAT and published ports, as on a plain host (lab inventory)',
+}
 # runc hands this file to CRIU after its own options, so it wins. It must say "manage-cgroups=ignore"
 # with "=": "manage-cgroups ignore" parses as --manage-cgroups plus a stray word. network-lock=nftables:
 # CRIU locks and unlocks the container's network with libnftables in its own process; its default,
@@ -180,14 +186,17 @@ class NodeImage:
         """Remove old versions no lab up uses (``image_store.ImageStore.collect``)."""
         return self.store.collect(spec_hash(), report)
 
-    def stage_config(self, dest: Path) -> list[str]:
+    def stage_config(self, dest: Path, firewall: str = "none") -> list[str]:
         """Write a lab's runtime configuration into ``dest`` (its state directory), laid out as in the
-        image; the paths, relative to /, that STAGE1 bind-mounts over the image's placeholders."""
+        image; the paths, relative to /, that STAGE1 bind-mounts over the image's placeholders.
+        ``firewall``: Podman's (netavark's) firewall driver, ``none`` or ``nftables`` (``FIREWALLS``)."""
         shutil.rmtree(dest, ignore_errors=True)
         for d in ("etc/criu", "etc/containers/registries.conf.d", "usr/local/sbin"):
             (dest / d).mkdir(parents=True, exist_ok=True)
         (dest / "etc/criu/runc.conf").write_text(CRIU_RUNC_CONF)
-        (dest / "etc/containers/containers.conf").write_text(CONTAINERS_CONF)
+        (dest / "etc/containers/containers.conf").write_text(
+            CONTAINERS_CONF.replace(FIREWALLS["none"], FIREWALLS[firewall])
+        )
         (dest / "etc/containers/registries.conf.d/50-podmigrate.conf").write_text(REGISTRIES_CONF)
         # runc finds the speculative restore's gate first in its PATH (runtime.speculative)
         gate = dest / speculative.CRIU_GATE_PATH[1:]

@@ -277,6 +277,9 @@ def lab_main() -> None:
                     "-w",
                     "--",
                     *agent_argv("node", n, layout.node_ip(n), [x for x in nodes if x != n]),
+                    # the lab's nodes as hosts (``lab.hosts_view``): the lab CA's controller certificate
+                    "--controller",
+                    layout.CONTROLLER,
                 ],
                 cgroup=f"/sys/fs/cgroup/{cg}/{n}/init",
             )

@@ -20,7 +20,7 @@ import podmigrate
 from podmigrate import layout, procs
 from podmigrate.claims import Claims
 from podmigrate.errors import LabError, PreflightError, UsageError
-from podmigrate.lab import host, preflight, tunables
+from podmigrate.lab import host, image, preflight, tunables
 from podmigrate.lab.host import Report
 from podmigrate.pki import CA
 
@@ -68,11 +68,16 @@ http:
 
 
 RUNTIMES = ("podman", "containerd")
+FIREWALLS = tuple(image.FIREWALLS)
 
 
-def up(lab: Lab, nodes: int, report: Report, router: str | None, runtime: str = "podman") -> dict[str, Any]:
+def up(
+    lab: Lab, nodes: int, report: Report, router: str | None, runtime: str = "podman", firewall: str = "none"
+) -> dict[str, Any]:
     if runtime not in RUNTIMES:
         raise UsageError(f"unknown runtime {runtime!r}", hint=f"runtimes: {', '.join(RUNTIMES)}")
+    if firewall not in FIREWALLS:
+        raise UsageError(f"unknown firewall {firewall!r}", hint=f"firewalls: {', '.join(FIREWALLS)}")
     names = layout.node_names(nodes)
     notes = preflight.check_host(lab.base)
     for n in notes:
@@ -84,11 +89,12 @@ def up(lab: Lab, nodes: int, report: Report, router: str | None, runtime: str = 
                 f"lab {lab.name!r} is already up with {len(have)} nodes, not {nodes}",
                 hint="run `podmigrate lab down` first to change the node count",
             )
-        if lab.config().get("runtime", "podman") != runtime:
-            raise UsageError(
-                f"lab {lab.name!r} is already up with runtime {lab.config().get('runtime', 'podman')}, not {runtime}",
-                hint="run `podmigrate lab down` first to change the runtime",
-            )
+        for key, want, default in (("runtime", runtime, "podman"), ("firewall", firewall, "none")):
+            if (have_it := lab.config().get(key, default)) != want:
+                raise UsageError(
+                    f"lab {lab.name!r} is already up with {key} {have_it}, not {want}",
+                    hint=f"run `podmigrate lab down` first to change the {key}",
+                )
         report(f"lab {lab.name!r} is already up")
     else:
         if lab.dir.exists() or lab.cgroup.exists():
@@ -96,7 +102,7 @@ def up(lab: Lab, nodes: int, report: Report, router: str | None, runtime: str = 
             down(lab)
         # the image version cannot be removed from when it is picked until the lab is up on it
         with lab.image.use(report):
-            start(lab, names, report, runtime)
+            start(lab, names, report, runtime, firewall)
         lab.image.collect(report)
         report("checking CRIU against this kernel (criu check on node-a)")
         check = lab.run(names[0], ["criu", "check"], check=False)
@@ -122,7 +128,7 @@ def issue_identities(lab: Lab, names: list[str]) -> None:
     ca.issue("controller")
 
 
-def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -> None:
+def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman", firewall: str = "none") -> None:
     report(f"starting lab {lab.name!r} with nodes {', '.join(names)}")
     lab.dir.mkdir(parents=True, exist_ok=True)
     # machine-wide kernel settings (the nodes share this kernel): kept, and put back by the last `lab down`
@@ -133,7 +139,7 @@ def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -
     for d in ("pids", "agents", "logs", "hold", "registry", "nodes"):
         (lab.dir / d).mkdir(exist_ok=True)
     config = lab.dir / "image-config"
-    config_files = lab.image.stage_config(config)  # the image is never written: STAGE1 mounts these over it
+    config_files = lab.image.stage_config(config, firewall)  # the image is never written: STAGE1 mounts these over it
     fd = os.open(lab.dir / "token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_hex(32))
@@ -145,6 +151,7 @@ def start(lab: Lab, names: list[str], report: Report, runtime: str = "podman") -
                 "name": lab.name,
                 "nodes": names,
                 "runtime": runtime,  # podman alone, or containerd (with its CRI socket) beside it
+                "firewall": firewall,  # Podman's: none (routed addresses), or nftables (NAT, published ports)
                 "cgroup": layout.cgroup_name(lab.name, str(lab.base)),
                 "created": time.time(),
                 "version": podmigrate.__version__,

@@ -95,8 +95,8 @@ class Runtime(Protocol):
         self, name: str, *, tcp_established: bool = True
     ) -> dict[str, Any]: ...  # restore in place from the runtime's own copy (rollback)
     def restore_archive(
-        self, archive: Path, *, tcp_established: bool = True, criu: tuple[str, ...] = ()
-    ) -> dict[str, Any]: ...  # restore a copy from an archive
+        self, archive: Path, *, tcp_established: bool = True, criu: tuple[str, ...] = (), keep_address: bool = True
+    ) -> dict[str, Any]: ...  # restore a copy from an archive (``keep_address``: its source's, or a new one)
     def resume(self, name: str) -> dict[str, Any]: ...  # wake a container a dump left stopped
 
     # ---- whole pods
@@ -157,6 +157,7 @@ class Runtime(Protocol):
         tls: tuple[str, ...] = (),
         action_script: str | None = None,
         gate: Gate | None = None,
+        keep_address: bool = True,
     ) -> tuple[
         dict[str, Any], subprocess.Popen[bytes], FaultWaker | None
     ]: ...  # restore, pages on fault (from ``images`` without an address); CRIU runs ``action_script``

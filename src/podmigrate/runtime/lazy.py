@@ -19,7 +19,7 @@ from typing import Any
 from podmigrate.errors import RuntimeBackendError
 from podmigrate.runtime import freezer, speculative
 from podmigrate.runtime.criu_conf import CRIU_CONF, criu_log_tail, criu_spans, file_tail
-from podmigrate.runtime.podman_cli import PodmanCLI
+from podmigrate.runtime.podman_cli import PodmanCLI, restore_network
 from podmigrate.runtime.prefetch import read_pagemap
 from podmigrate.runtime.speculative import Gate
 from podmigrate.runtime.uffd import FaultWaker
@@ -68,6 +68,8 @@ class PodmanLazy(PodmanCLI):
         ]
         if tcp_established:
             args.insert(3, "--tcp-established")
+        else:  # connections that cannot follow (their address changes) are closed, not a failed dump
+            criu += ("tcp-close",)
         times: dict[str, Any] = {"dump_started": time.time()}
         with (
             self.criu_options("lazy-pages", f"address={address}", f"port={port}", *tls, *criu),
@@ -216,6 +218,7 @@ class PodmanLazy(PodmanCLI):
         tls: tuple[str, ...] = (),
         action_script: str | None = None,
         gate: Gate | None = None,
+        keep_address: bool = True,
     ) -> tuple[dict[str, Any], subprocess.Popen[bytes], FaultWaker | None]:
         """Restore with the memory left behind: a ``criu lazy-pages`` daemon fetches pages from the
         source at ``address:port`` as the process touches them (userfaultfd), and the rest in the
@@ -287,9 +290,11 @@ class PodmanLazy(PodmanCLI):
             (work / "action.sh").chmod(0o700)
             hook = (f"action-script={work / 'action.sh'}",)
         # no --print-stats: with a work-dir override podman fails after CRIU restored the process
-        args = ["container", "restore", "--import", str(archive)]
+        args = ["container", "restore", "--import", str(archive), *restore_network(keep_address)]
         if tcp_established:
             args.append("--tcp-established")
+        else:  # connections that cannot follow (their address changes) come back closed
+            hook += ("tcp-close",)
         t0 = time.time()
         try:
             with (

@@ -47,3 +47,11 @@ class PodmanCLI:
                 },
             )
         return p
+
+
+def restore_network(keep_address: bool) -> list[str]:
+    """A copy that keeps its source's address (a workload network whose addresses move), or takes
+    one of its new host's network: Podman would otherwise reuse the one in the checkpoint even when
+    the container never asked for a static address, and on a private network that address may be
+    taken there."""
+    return [] if keep_address else ["--ignore-static-ip", "--ignore-static-mac"]

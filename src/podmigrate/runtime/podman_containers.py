@@ -22,7 +22,7 @@ from podmigrate.errors import RuntimeBackendError
 from podmigrate.runtime import freezer, hugepages
 from podmigrate.runtime.base import ContainerInfo, RunSpec
 from podmigrate.runtime.criu_conf import CRIU_CONF, criu_spans, parse_stats
-from podmigrate.runtime.podman_cli import PodmanCLI
+from podmigrate.runtime.podman_cli import PodmanCLI, restore_network
 
 
 class PodmanContainers(PodmanCLI):
@@ -103,6 +103,7 @@ class PodmanContainers(PodmanCLI):
             ],
             "devices": [x.get("PathOnHost", "") for x in (d.get("HostConfig") or {}).get("Devices") or []],
             "ports": sorted(k for k, v in ((d.get("HostConfig") or {}).get("PortBindings") or {}).items() if v),
+            "published": _published((d.get("HostConfig") or {}).get("PortBindings") or {}),
         }
 
     def huge_pages(self, name: str) -> dict[str, Any]:
@@ -187,6 +188,8 @@ class PodmanContainers(PodmanCLI):
         args = ["container", "checkpoint", "--export", str(archive), "--compress", "none", "--keep", "--print-stats"]
         if tcp_established:
             args.append("--tcp-established")
+        else:  # connections that cannot follow (their address changes) are closed, not a failed dump
+            criu += ("tcp-close",)
         if leave_running:
             args.append("--leave-running")
         pid, static = self._run("inspect", "-f", "{{.State.Pid}}|{{.StaticDir}}", "--", name).stdout.strip().split("|")
@@ -216,11 +219,13 @@ class PodmanContainers(PodmanCLI):
         return {"started": t0, "ended": time.time(), "stats": parse_stats(p.stdout)}
 
     def restore_archive(
-        self, archive: Path, *, tcp_established: bool = True, criu: tuple[str, ...] = ()
+        self, archive: Path, *, tcp_established: bool = True, criu: tuple[str, ...] = (), keep_address: bool = True
     ) -> dict[str, Any]:
-        args = ["container", "restore", "--import", str(archive), "--print-stats"]
+        args = ["container", "restore", "--import", str(archive), "--print-stats", *restore_network(keep_address)]
         if tcp_established:
             args.append("--tcp-established")
+        else:
+            criu += ("tcp-close",)
         t0 = time.time()
         with self.criu_options(*criu), freezer.freeze_when_opened(CRIU_CONF, None) as noted:
             p = self._run(*args, what="restore from checkpoint archive")
@@ -321,3 +326,15 @@ class PodmanContainers(PodmanCLI):
             )
         if name and not name.startswith("sha256:") and name != image_id:
             self._run("tag", "--", image_id, name, what=f"tagging {image_id[:12]} as {name}")
+
+
+def _published(bindings: dict[str, Any]) -> list[dict[str, Any]]:
+    """Podman's ``PortBindings`` (``{"8000/tcp": [{"HostIp": "", "HostPort": "8080"}]}``), one entry
+    per host port."""
+    out = []
+    for key, binds in sorted(bindings.items()):
+        port, _, proto = key.partition("/")
+        for b in binds or []:
+            out.append({"container_port": int(port), "protocol": proto or "tcp", "host_ip": b.get("HostIp") or "",
+                        "host_port": int(b.get("HostPort") or 0)})  # fmt: skip
+    return out

@@ -50,10 +50,15 @@ _loaded: set[tuple[Path, int | None, str]] = set()
 
 
 def ready_lab(
-    lab: Lab, nodes: int = 2, report: Report = lambda _m: None, router: str | None = None, runtime: str = "podman"
+    lab: Lab,
+    nodes: int = 2,
+    report: Report = lambda _m: None,
+    router: str | None = None,
+    runtime: str = "podman",
+    firewall: str = "none",
 ) -> dict[str, Any]:
     """``lab.up``, then the workload image into its registry: a lab ready to start workloads; its status."""
-    st = lab.up(nodes=nodes, report=report, router=router, runtime=runtime)
+    st = lab.up(nodes=nodes, report=report, router=router, runtime=runtime, firewall=firewall)
     ensure_workload_image(lab, report)
     return st
 

@@ -51,7 +51,13 @@ def restores_from_local_pages(rec: Any) -> bool:
 def checkpoint(ctx: Ctx) -> None:
     rec = ctx.rec
     # a stop-copy's blackout includes the restore: podman's and runc's part of it goes before the freeze
-    if rec["mode"] == "stop-copy" and restores_from_local_pages(rec) and not paths.old(rec, "restore-after-dump"):
+    # (not for a copy that takes a new address: its skeleton holds the source's network)
+    if (
+        rec["mode"] == "stop-copy"
+        and restores_from_local_pages(rec)
+        and not paths.old(rec, "restore-after-dump")
+        and rec.get("keep_address", True)
+    ):
         speculate(ctx)
     res = ctx.agent(rec["source"] or "").post(
         f"/v1/containers/{rec['container']}/checkpoint",
@@ -213,6 +219,8 @@ def page_server(ctx: Ctx) -> None:
 def restore(ctx: Ctx) -> None:
     rec = ctx.rec
     body: dict[str, Any] = {"tcp_established": rec["plan"]["tcp_established"]}
+    if not rec.get("keep_address", True):
+        body["keep_address"] = False
     if paths.old(rec, "restore-image-check"):
         body["image"] = rec["image"]
     if restores_from_local_pages(rec):
@@ -239,12 +247,12 @@ def verify(ctx: Ctx) -> None:
 
 
 def check_restored(ctx: Ctx) -> None:
-    """The copy runs, with exactly the service addresses the source had."""
+    """The copy runs, with exactly the service addresses the source had (where they move)."""
     rec = ctx.rec
     new = {c["name"]: c for c in ctx.agent(rec["target"]).get("/v1/containers")}.get(rec["container"])
     if not new or new["state"] != "running":
         raise PodmigrateError(f"{rec['container']} is not running on {rec['target']} after restore")
-    if sorted(new["ips"]) != sorted(rec["service_addresses"]):
+    if rec.get("keep_address", True) and sorted(new["ips"]) != sorted(rec["service_addresses"]):
         raise PodmigrateError(
             f"{rec['container']} came back with addresses {new['ips']}, not {rec['service_addresses']}"
         )

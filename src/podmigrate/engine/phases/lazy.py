@@ -26,7 +26,7 @@ _pause = time.sleep  # the pages phase's polling pause (tests make it instant)
 
 def lazy_checkpoint(ctx: Ctx) -> None:
     rec = ctx.rec
-    if not paths.old(rec, "restore-after-dump"):
+    if not paths.old(rec, "restore-after-dump") and rec.get("keep_address", True):  # a skeleton keeps its network
         speculate(ctx)
     body: dict[str, Any] = {
         "checkpoint_id": rec["id"],
@@ -87,6 +87,7 @@ def lazy_restore(ctx: Ctx) -> None:
             **rec["lazy"],
             **({"image": rec["image"]} if paths.old(rec, "restore-image-check") else {}),
             "tcp_established": rec["plan"]["tcp_established"],
+            **({} if rec.get("keep_address", True) else {"keep_address": False}),
             "prefetch_wait_s": PREFETCH_WAIT_S if rec["lazy"].get("prefetch") else 0,
             "speculative": (rec.get("speculative") or {}).get("state") == "waiting",
             "prefetch_defer": not paths.old(rec, "prefetch-wait-at-pre-restore"),

@@ -14,6 +14,7 @@ from typing import Any
 
 from podmigrate.engine import inventory
 from podmigrate.engine.blackout import blackout, counters_monotonic
+from podmigrate.engine.phases import published
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.engine.record import Record
 from podmigrate.errors import PodmigrateError
@@ -41,6 +42,8 @@ def cutover(ctx: Ctx) -> None:
     # can drain); the other modes froze the source and their restored connections must move now
     drain = rec["mode"] == "decoupled"
     switches = [router.switch(ip, rec["target"], drain) for ip in rec["service_addresses"]]
+    if rec.get("keep_address") is False:  # the clients go to the target's address instead
+        switches = [published.cutover(ctx)]
     rec["cutover"] = {
         "router": switches[0].get("router", "route") if switches else None,
         "switches": switches,
@@ -118,7 +121,7 @@ def finish_probe(ctx: Ctx) -> None:
     # not waiting up to a probe timeout (1 s) for the probes still in flight: those sent before
     # the first answer after the switch went to a frozen or unrouted copy and count as failed; those
     # sent after it cannot change the blackout and are left out (counted in ``pending_at_stop``)
-    records = observer.stop_probe(probe["id"])
+    records = published.source_records(probe) + observer.stop_probe(probe["id"])
     records, probe["pending_at_stop"] = settle_pending(records, cut)
     log = ctx.lab.dir / "probes" / f"{rec['id']}.json"
     log.parent.mkdir(exist_ok=True)
@@ -177,8 +180,10 @@ def cleanup(ctx: Ctx) -> None:
         ),
         ("source archive", lambda: ctx.agent(src).delete(f"/v1/checkpoints/{rec['id']}")),
         ("target archive", lambda: ctx.agent(tgt).delete(f"/v1/checkpoints/{rec['id']}")),
-        ("registry image", lambda: ctx.agent(tgt).post("/v1/registry/delete", {"reference": rec["reference"]})),
     )
+    if rec.get("reference") and rec["transport"] == "registry":
+        image = ("registry image", lambda: ctx.agent(tgt).post("/v1/registry/delete", {"reference": rec["reference"]}))
+        steps += (image,)
     best_effort(rec, steps)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from podmigrate.engine import inventory
+from podmigrate.engine.phases import published
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.engine.phases.fit import check_fit, check_spec, version
 from podmigrate.errors import PodmigrateError, UsageError
@@ -128,6 +129,11 @@ def validate(ctx: Ctx) -> None:
     lab = ctx.lab
     loc = inventory.locate(lab, rec["workload"])
     c = loc.container
+    if c["pod"] and not lab.moves_addresses:
+        raise UsageError(
+            f"{rec['workload']!r} is a pod: pods move only where the router moves their address",
+            hint="migrate its containers one by one, or use a router that moves addresses",
+        )
     if c["pod"]:
         _pod(ctx, loc)
     elif rec["plan"].get("only"):
@@ -147,7 +153,11 @@ def validate(ctx: Ctx) -> None:
         check_node(ctx, n)
     if rec.get("scope") != "pod":
         spec = ctx.agent(loc.node).get(f"/v1/containers/{c['name']}/spec")
-        check_spec(spec, c["name"], ctx.lab.workload_network)
+        if lab.moves_addresses:
+            check_spec(spec, c["name"], lab.workload_network)
+        else:  # reached at its host's published ports
+            check_spec({**spec, "ports": []}, c["name"], lab.workload_network)
+            published.take(ctx, published.check(spec, c["name"], rec["mode"]))
         if rec["mode"] == "cold":
             # names only: environment values are often secrets, and the record outlives the run; the
             # values are read again from the source's container when the spec is used
@@ -170,9 +180,11 @@ def validate(ctx: Ctx) -> None:
             f"/v1/checkpoints/{rec['id']}/reserve-memory", {"bytes": rss}
         )
     probe_and_state(ctx, loc)
-    ctx.report(
-        f"{c['name']} ({c['id'][:12]}) on {loc.node} -> {rec['target']}, address {', '.join(c['ips']) or 'none'}"
-    )
+    where = f"address {', '.join(c['ips']) or 'none'}"
+    if rec.get("keep_address") is False:
+        ports = ", ".join(f"{p['host_port']}->{p['container_port']}" for p in rec.get("published") or [])
+        where = f"published {ports or 'none'} (its address changes)"
+    ctx.report(f"{c['name']} ({c['id'][:12]}) on {loc.node} -> {rec['target']}, {where}")
 
 
 def probe_and_state(ctx: Ctx, loc: inventory.Located) -> None:
@@ -183,14 +195,17 @@ def probe_and_state(ctx: Ctx, loc: inventory.Located) -> None:
     path_or_none: str | None = loc.probe_path or "/healthz"
     if rec["plan"].get("probe"):
         port, path_or_none = parse_probe(str(rec["plan"]["probe"]))
-    if port and c["ips"]:
+    host = c["ips"][0] if c["ips"] else None
+    if port and rec.get("keep_address") is False:
+        host, port = published.endpoint(ctx, loc.node, port)
+    if port and host:
         rec["probe"] = {
-            "host": c["ips"][0],
+            "host": host,
             "port": port,
             "path": path_or_none,
             "interval": rec["plan"]["probe_interval"],
         }
         if c["labels"].get(inventory.LABEL_KIND) == "stream-server":
-            before = inventory.read_state(ctx.observer(), c["ips"][0], port)
+            before = inventory.read_state(ctx.observer(), host, port)
             if before is not None:
                 rec["state_before"] = before

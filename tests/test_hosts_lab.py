@@ -1,0 +1,105 @@
+"""Hosts that are not the lab's own cluster, for real: the nodes of a lab whose Podman has its NAT and
+published ports on (``lab up --firewall nftables``), reached only through an inventory
+(``lab inventory``): the controller runs ``podmigrate --hosts`` from the lab's LAN, talks to the
+nodes' agents over TCP with its certificate, and probes the workload at its host's published port.
+A container started as a user starts one (``podman run -d -p 8080:8000``, Podman's default network)
+moves with its heap and process, and answers at the target's address afterwards."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from podmigrate.lab import hosts_view
+from podmigrate.lab.cluster import Lab
+from podmigrate.workload.image import workload_image
+
+from .conftest import run_lab_name, up_lab, wait_for
+
+pytestmark = pytest.mark.lab
+
+PODMIGRATE = str(Path(sys.executable).parent / "podmigrate")
+
+
+@pytest.fixture(scope="module")
+def hosts_lab() -> Iterator[Lab]:
+    yield from up_lab(run_lab_name("hosts"), firewall="nftables")
+
+
+def controller(lab: Lab, inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``podmigrate --hosts INVENTORY ARGS`` from the lab's LAN, as a user's controller machine."""
+    argv = hosts_view.lan_argv(lab, [PODMIGRATE, "--hosts", str(inventory), *args])
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600)
+
+
+def state(lab: Lab, endpoint: str) -> dict[str, Any] | None:
+    p = lab.run("lan", ["curl", "-s", "--max-time", "3", f"http://{endpoint}/state"], check=False)
+    try:
+        return dict(json.loads(p.stdout)) if p.returncode == 0 else None
+    except ValueError:
+        return None
+
+
+def containers(lab: Lab, node: str) -> list[str]:
+    return lab.run(node, ["podman", "ps", "-a", "--format", "{{.Names}}"]).stdout.split()
+
+
+def test_a_published_container_moves_between_hosts_and_answers_at_its_new_address(hosts_lab: Lab) -> None:
+    lab = hosts_lab
+    inventory = hosts_view.inventory(lab)
+    a, b = (f"{lab.node_address(n)}:8080" for n in ("node-a", "node-b"))
+    lab.run("node-a", ["podman", "rm", "-f", "-t", "0", "web"], check=False)
+    lab.run("node-a", ["podman", "run", "-d", "--name", "web", "-p", "8080:8000", "-e", "HEAP_MB=16", workload_image()])
+    try:
+        before = wait_for(lambda: state(lab, a), 60, "the container to answer at node-a's published port")
+        moved = controller(lab, inventory, "migrate", "web", "--to", "node-b", "--transport", "stream",
+                           "--probe", "http:8000/healthz", "--json")  # fmt: skip
+        assert moved.returncode == 0, moved.stderr + moved.stdout
+        rec = json.loads(moved.stdout)
+        assert (rec["status"], rec["answers_at"], rec["keep_address"]) == ("completed", [b], False)
+        assert rec["blackout_method"] == "probe" and rec["security"]["controller"].startswith("mutual TLS")
+        assert "closed" in rec["tcp"]
+        after = state(lab, b)
+        assert after is not None and after["sha256"] == before["sha256"] and after["started"] == before["started"]
+        assert after["counter"] >= before["counter"]
+        assert state(lab, a) is None  # nothing answers at the source any more
+        assert "web" not in containers(lab, "node-a") and "web" in containers(lab, "node-b")
+
+        back = controller(lab, inventory, "migrate", "web", "--to", "node-a", "--mode", "lazy",
+                          "--probe", "http:8000/healthz", "--json")  # fmt: skip
+        assert back.returncode == 0, back.stderr + back.stdout
+        assert json.loads(back.stdout)["answers_at"] == [a]
+        again = state(lab, a)
+        assert again is not None and (again["sha256"], again["started"]) == (before["sha256"], before["started"])
+        history = controller(lab, inventory, "history", "--json")
+        assert [r["workload"] for r in json.loads(history.stdout)[:2]] == ["web", "web"]
+    finally:
+        for node in lab.nodes:
+            lab.run(node, ["podman", "rm", "-f", "-t", "0", "web"], check=False)
+
+
+def test_what_cannot_follow_to_another_host_is_refused_before_anything_is_frozen(hosts_lab: Lab) -> None:
+    lab = hosts_lab
+    inventory = hosts_view.inventory(lab)
+    pinned = f"{lab.node_address('node-a')}:8081"
+    lab.run("node-a", ["podman", "rm", "-f", "-t", "0", "pinned"], check=False)
+    lab.run("node-a", ["podman", "run", "-d", "--name", "pinned", "-p", f"{pinned}:8000", "-e", "HEAP_MB=8",
+                       workload_image()])  # fmt: skip
+    try:
+        before = wait_for(lambda: state(lab, pinned), 60, "the pinned container to answer")
+        refused = controller(lab, inventory, "migrate", "pinned", "--to", "node-b")
+        assert refused.returncode != 0
+        assert "publishes ports on its host's own address" in refused.stderr, refused.stderr
+        cold = controller(lab, inventory, "migrate", "pinned", "--to", "node-b", "--mode", "cold")
+        assert "mode 'cold' is not built for clusters whose router moves no address" in cold.stderr, cold.stderr
+        after = state(lab, pinned)  # the same process serves on, never frozen
+        assert after is not None and after["started"] == before["started"] and after["counter"] >= before["counter"]
+        assert "pinned" not in containers(lab, "node-b")
+    finally:
+        lab.run("node-a", ["podman", "rm", "-f", "-t", "0", "pinned"], check=False)
