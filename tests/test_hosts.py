@@ -27,6 +27,7 @@ TWO = "[hosts.a]\naddress = '192.0.2.1'\n[hosts.b]\naddress = '192.0.2.2'\n"
 GOOD = """
 registry = "registry.example:5000"
 router = "l2"
+network = "seg"
 
 [hosts.host-a]
 address = "{a}"
@@ -45,7 +46,7 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_an_inventory_names_its_hosts_and_defaults_the_rest(tmp_path: Path) -> None:
     inv = inventory.load(write(tmp_path, GOOD.format(a="192.0.2.11", b="192.0.2.12")))
     assert [(h.name, h.address) for h in inv.hosts] == [("host-a", "192.0.2.11"), ("host-b", "192.0.2.12")]
-    assert (inv.registry, inv.router, inv.network) == ("registry.example:5000", "l2", "podman")
+    assert (inv.registry, inv.router, inv.network) == ("registry.example:5000", "l2", "seg")
     assert inv.state == tmp_path / "hosts.state"
 
 
@@ -53,6 +54,7 @@ def test_an_inventory_names_its_hosts_and_defaults_the_rest(tmp_path: Path) -> N
     ("text", "said"),
     [
         ("[hosts.a]\naddress = '192.0.2.1'\n", "fewer than two [hosts.NAME] tables"),
+        ("router = 'l2'\n" + TWO, "router l2 moves addresses on a segment the hosts share"),
         ("[hosts.a]\naddress = '192.0.2.1'\n[hosts.b]\naddress = 'b.example'\n", "address 'b.example' is not an IP"),
         ("[hosts.a]\naddress = '192.0.2.1'\n[hosts.b]\naddress = '192.0.2.1'\n", "two hosts have one address"),
         (
@@ -185,8 +187,10 @@ def test_hosts_refuse_what_is_not_there_before_anything_moves(tmp_path: Path) ->
     hosts = Hosts(inv)
     assert (hosts.nodes, hosts.node_address("host-b"), hosts.registry) == (
         ["host-a", "host-b"], "192.0.2.12", "registry.example:5000")  # fmt: skip
-    with pytest.raises(UsageError, match=r"router 'l2' is not built for hosts yet") as e:
-        hosts.traffic()
+    assert hosts.moves_addresses and type(hosts.traffic()).__name__ == "L2Router"
+    static = Hosts(inventory.load(write(tmp_path, 'router = "static"\n' + TWO)))
+    with pytest.raises(UsageError, match=r"router 'static' is not built for hosts yet") as e:
+        static.require_up()  # before any agent is asked, and so before anything is frozen
     assert 'router = "none"' in (e.value.hint or "")
     with pytest.raises(UsageError, match="no host 'host-c'"):
         hosts.agent("host-c")
@@ -196,7 +200,7 @@ def test_hosts_refuse_what_is_not_there_before_anything_moves(tmp_path: Path) ->
     with pytest.raises(UsageError, match="names no registry") as e:
         _ = bare.registry
     assert "--transport stream" in (e.value.hint or "")
-    assert bare.traffic().switch("10.88.0.5", "b")["router"] == "none"
+    assert bare.traffic().switch("10.88.0.5", "b")["router"] == "none" and not bare.moves_addresses
 
 
 def test_the_controller_observes_from_where_it_runs(tmp_path: Path) -> None:

@@ -3,11 +3,14 @@ published ports on (``lab up --firewall nftables``), reached only through an inv
 (``lab inventory``): the controller runs ``podmigrate --hosts`` from the lab's LAN, talks to the
 nodes' agents over TCP with its certificate, and probes the workload at its host's published port.
 A container started as a user starts one (``podman run -d -p 8080:8000``, Podman's default network)
-moves with its heap and process, and answers at the target's address afterwards."""
+moves with its heap and process, and answers at the target's address afterwards. With the ``l2``
+router a container on a macvlan of the LAN's segment keeps its address, and a client's open TCP
+connection goes on over the same connection."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,7 +23,7 @@ from podmigrate.lab import hosts_view
 from podmigrate.lab.cluster import Lab
 from podmigrate.workload.image import workload_image
 
-from .conftest import run_lab_name, up_lab, wait_for
+from .conftest import hold_connection, run_lab_name, up_lab, wait_for
 
 pytestmark = pytest.mark.lab
 
@@ -35,7 +38,8 @@ def hosts_lab() -> Iterator[Lab]:
 def controller(lab: Lab, inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """``podmigrate --hosts INVENTORY ARGS`` from the lab's LAN, as a user's controller machine."""
     argv = hosts_view.lan_argv(lab, [PODMIGRATE, "--hosts", str(inventory), *args])
-    return subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    wide = {**os.environ, "COLUMNS": "1000"}  # messages on one line each, as they are matched
+    return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=wide)
 
 
 def state(lab: Lab, endpoint: str) -> dict[str, Any] | None:
@@ -103,3 +107,57 @@ def test_what_cannot_follow_to_another_host_is_refused_before_anything_is_frozen
         assert "pinned" not in containers(lab, "node-b")
     finally:
         lab.run("node-a", ["podman", "rm", "-f", "-t", "0", "pinned"], check=False)
+
+
+def carried_on(lan: Any, cid: str, when: str) -> None:
+    """The held connection carries ten more requests, or the test fails with what happened to it."""
+    served = lan.get(f"/v1/connections/{cid}")["requests"]
+
+    def more() -> dict[str, Any] | None:
+        st: dict[str, Any] = lan.get(f"/v1/connections/{cid}")
+        return st if st["requests"] >= served + 10 or st["error"] else None
+
+    st = wait_for(more, 60, f"requests over the same connection {when}")
+    assert st["error"] is None and st["same_connection"] and not st["counter_went_backwards"], (when, st)
+
+
+SEGMENT = ["-d", "macvlan", "-o", "parent=eth0", "--subnet", "10.77.0.0/24", "--gateway", "10.77.0.1"]
+
+
+def test_on_a_shared_segment_the_address_and_an_open_connection_move_with_the_container(hosts_lab: Lab) -> None:
+    lab = hosts_lab
+    for node in lab.nodes:  # the segment's network, made on each host as its user would
+        if lab.run(node, ["podman", "network", "exists", "seg"], check=False).returncode:
+            lab.run(node, ["podman", "network", "create", *SEGMENT, "--ip-range", "10.77.0.224/28", "seg"])
+    inventory = hosts_view.inventory(lab, "l2", "seg")
+    ip = "10.77.0.230"
+    lab.run("node-a", ["podman", "rm", "-f", "-t", "0", "l2web"], check=False)
+    lab.run("node-a", ["podman", "run", "-d", "--name", "l2web", "--network", "seg", "--ip", ip, "-e", "HEAP_MB=16",
+                       workload_image()])  # fmt: skip
+    lan = lab.agent("lan")  # the test's own client on the LAN: a keep-alive connection, 20 requests a second
+    try:
+        before = wait_for(lambda: state(lab, f"{ip}:8000"), 60, "the container to answer on the segment")
+        cid = hold_connection(lan, ip)
+        decoupled = controller(lab, inventory, "migrate", "l2web", "--to", "node-b", "--mode", "decoupled")
+        assert "a copy made while it serves would compete with it for its address" in decoupled.stderr
+        moved = controller(lab, inventory, "migrate", "l2web", "--to", "node-b", "--transport", "stream",
+                           "--probe", "http:8000/healthz", "--json")  # fmt: skip
+        assert moved.returncode == 0, moved.stderr + moved.stdout
+        rec = json.loads(moved.stdout)
+        assert rec["status"] == "completed" and rec["service_addresses"] == [ip] and "answers_at" not in rec
+        (switch,) = rec["cutover"]["switches"]
+        assert (switch["router"], switch["node"], switch["withdrawn"]) == ("l2", "node-b", ["l2web"])
+        after = state(lab, f"{ip}:8000")
+        assert after is not None and (after["sha256"], after["started"]) == (before["sha256"], before["started"])
+        carried_on(lan, cid, "after the migration")
+        assert "l2web" not in containers(lab, "node-a")
+        back = controller(lab, inventory, "migrate", "l2web", "--to", "node-a", "--mode", "lazy", "--json")
+        assert back.returncode == 0, back.stderr + back.stdout
+        assert json.loads(back.stdout)["speculative"]["state"] == "not used"  # no early copy on the segment
+        carried_on(lan, cid, "after the way back")
+        final = lan.delete(f"/v1/connections/{cid}")
+        assert final["error"] is None and final["same_connection"] and not final["counter_went_backwards"], final
+    finally:
+        lan.close()
+        for node in lab.nodes:
+            lab.run(node, ["podman", "rm", "-f", "-t", "0", "l2web"], check=False)

@@ -181,6 +181,8 @@ NOT_FAKED: dict[str, dict[tuple[str, str], str]] = {
         ("POST", "/v1/checkpoints/([^/]+)/send-pod"): "pods",
         ("POST", "/v1/images/send"): "an image missing on the target: the fake's nodes have every image",
         ("POST", "/v1/images/load"): "as images/send",
+        ("POST", "/v1/l2/withdraw"): "hosts on a shared segment: tests/test_hosts_lab.py moves real addresses",
+        ("POST", "/v1/l2/announce"): "as l2/withdraw",
         ("PUT", "/v1/notice"): "Spot notices: evacuation's tests fake the notice itself",
         ("GET", "/v1/notice"): "Spot notices",
         ("DELETE", "/v1/notice"): "Spot notices",

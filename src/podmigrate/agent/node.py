@@ -268,7 +268,7 @@ class NodeAgent:
                 self.files.archive(cid),
                 tcp_established=b.get("tcp_established", True),
                 criu=criu,
-                keep_address=b.get("keep_address", True),
+                network=str(b.get("copy_network", "keep")),
             )
         return {**res, "image_pulled": b.get("image_pulled", False)}
 

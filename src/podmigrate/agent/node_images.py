@@ -1,5 +1,6 @@
 """The node agent's image routes: an image pulled, sent to another node's agent by ID and loaded
-there (nodes without a registry), and whether a checkpoint from another CPU runs here."""
+there (nodes without a registry), and whether a checkpoint from another CPU runs here; and the
+routes that move a service address on a shared L2 segment to this node or away from it."""
 
 from __future__ import annotations
 
@@ -28,6 +29,9 @@ class NodeImages:
         app.route("POST", "/v1/images/send")(self.send_image)
         app.route("POST", "/v1/cpuinfo/check")(self.cpuinfo_check)
         app.route("POST", "/v1/images/load")(self.load_image)
+        # hosts on one L2 segment (the hosts' l2 router, ``runtime.l2``): where a service address is
+        app.route("POST", "/v1/l2/withdraw")(lambda p, b: self.rt.withdraw(str(b["address"])))
+        app.route("POST", "/v1/l2/announce")(lambda p, b: self.rt.announce(str(b["address"])))
 
     def _send(self, cid: str, archive: Path, to: str) -> Sent:
         with self.files.busy(cid):

@@ -227,7 +227,7 @@ class LazyPages:
                     tcp_established=b.get("tcp_established", True),
                     wake_faults=b.get("wake_faults", True),
                     gate=gate,
-                    keep_address=b.get("keep_address", True),
+                    network=str(b.get("copy_network", "keep")),
                     **opts,
                 )
         except BaseException:

@@ -143,12 +143,14 @@ def render_status(st: dict[str, Any]) -> None:
 
 
 @lab.command("inventory")
+@click.option("--router", type=click.Choice(["none", "l2"]), default="none", show_default=True)
+@click.option("--network", default="podman", show_default=True, help="The containers' network (l2: the LAN's).")
 @click.pass_context
-def lab_inventory(ctx: click.Context) -> None:
+def lab_inventory(ctx: click.Context, router: str, network: str) -> None:
     """Write an inventory of the lab's nodes as hosts, for `podmigrate --hosts` (docs/hosts.md)."""
     from podmigrate.lab import hosts_view
 
-    path = hosts_view.inventory(get_lab(ctx))
+    path = hosts_view.inventory(get_lab(ctx), router, network)
     out.print(str(path))
     err.print(f"from the lab's LAN: podmigrate --lab {ctx.obj['lab']} lab lan -- podmigrate --hosts {path} ...")
 

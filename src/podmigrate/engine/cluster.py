@@ -54,6 +54,8 @@ class Cluster(Protocol):
     def is_service_address(self, ip: str) -> bool: ...  # one the router may hold for a workload
     @property
     def moves_addresses(self) -> bool: ...  # False: a workload answers at its host's published ports
+    @property
+    def shared_segment(self) -> bool: ...  # True: whoever holds a service address answers ARP for it
     def traffic(self) -> Router: ...
     def observer(self) -> Observer: ...
     def require_up(self) -> None: ...  # an error, with what to do, when the cluster cannot be reached

@@ -3,8 +3,8 @@ over TCP with its own certificate (``hosts.identities``), and is itself the obse
 reads the workloads from where it runs, as their users would.
 
 Routers: ``none`` (the address does not move: a workload answers at its new host's address after a
-migration, the published ports re-created there) is the only one built; ``static`` and ``l2`` are
-refused by ``require_router`` before anything is frozen, with what to choose instead.
+migration, the published ports re-created there) and ``l2`` (its address on a segment every host
+shares moves with it, ``hosts.routers``); ``static`` is refused by ``require_router`` with what to choose.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import ssl
 import threading
-import time
 import urllib.parse
 from pathlib import Path
 from typing import Any
@@ -22,28 +21,9 @@ from podmigrate.client import AgentClient
 from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.hosts import identities
 from podmigrate.hosts.inventory import AGENT_PORT, Inventory
+from podmigrate.hosts.routers import L2Router, NoRouter
 
-BUILT_ROUTERS = ("none",)
-
-
-class NoRouter:
-    """Router ``none``: nothing in the network changes; the workload answers where it runs now."""
-
-    def switch(self, address: str, node: str, drain: bool = False) -> dict[str, Any]:
-        now = time.time()
-        return {"router": "none", "addr": address, "node": node, "started": now, "ended": now}
-
-    def end_drain(self, address: str, timeout: float) -> dict[str, Any]:
-        return {"router": "none", "addr": address, "drained": True}
-
-    def routes(self) -> list[dict[str, Any]]:
-        return []
-
-    def remove(self, address: str) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
+BUILT_ROUTERS = ("none", "l2")
 
 
 class LocalObserver:
@@ -146,9 +126,13 @@ class Hosts:
     def moves_addresses(self) -> bool:
         return self.inv.router != "none"
 
-    def traffic(self) -> NoRouter:
+    @property
+    def shared_segment(self) -> bool:
+        return self.inv.router == "l2"
+
+    def traffic(self) -> NoRouter | L2Router:
         self.require_router()
-        return NoRouter()
+        return L2Router(self.nodes, self.agent) if self.inv.router == "l2" else NoRouter()
 
     def observer(self) -> LocalObserver:
         return LocalObserver()
@@ -157,11 +141,13 @@ class Hosts:
         if self.inv.router not in BUILT_ROUTERS:
             raise UsageError(
                 f"{self.inv.path}: router {self.inv.router!r} is not built for hosts yet",
-                hint='use router = "none": the workload then answers at its new host\'s address',
+                hint='use router = "none" (the workload answers at its new host\'s address) or "l2"',
             )
 
     def require_up(self) -> None:
-        """Every host's agent answers the controller; an error names those that do not, and why."""
+        """The router is one podmigrate has, and every host's agent answers the controller; an error
+        names those that do not, and why."""
+        self.require_router()
         down = {}
         for h in self.inv.hosts:
             try:

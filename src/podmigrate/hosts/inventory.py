@@ -103,6 +103,11 @@ def parse(doc: dict[str, Any], path: Path) -> Inventory:
     network = doc.get("network", "podman")
     if not names.is_name(network):
         raise bad(f"network {network!r} is not a valid network name", "the name `podman network ls` shows")
+    if router == "l2" and network == "podman":
+        raise bad(
+            "router l2 moves addresses on a segment the hosts share, and Podman's default network is private",
+            'name that segment\'s Podman network (a macvlan of one subnet on every host): network = "NAME"',
+        )
     here = path.resolve().parent
     state = here / str(doc["state"]) if doc.get("state") else here / f"{path.stem}.state"  # relative: to this file
     return Inventory(path, state, tuple(hosts), registry, str(router), str(network))

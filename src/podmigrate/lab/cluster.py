@@ -36,6 +36,7 @@ class AddressPlan:
     nodes. The lab and the unit tests' fake lab share it."""
 
     moves_addresses = True  # every workload has its own address on the lab's network
+    shared_segment = False  # the LAN reaches it by the router's route, whichever nodes hold it
 
     registry = layout.REGISTRY
     workload_network = layout.WORKLOAD_NETWORK

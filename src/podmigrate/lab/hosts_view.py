@@ -18,15 +18,17 @@ from podmigrate.lab.cluster import Lab
 from podmigrate.pki import CA
 
 
-def inventory(lab: Lab) -> Path:
-    """``hosts.toml`` in the lab's directory, and the controller's certificate beside the lab's."""
+def inventory(lab: Lab, router: str = "none", network: str = "podman") -> Path:
+    """``hosts-ROUTER.toml`` in the lab's directory, and the controller's certificate beside the
+    lab's. ``l2``: ``network`` is a Podman network on the LAN's segment (a macvlan on each node's
+    ``eth0``, which the user creates as on real hosts; docs/hosts.md)."""
     lab.require_up()
     CA(lab.dir / "pki", f"lab {lab.name}").issue(layout.CONTROLLER)
     hosts = "".join(f'\n[hosts.{n}]\naddress = "{lab.node_address(n)}"\n' for n in lab.nodes)
-    path = lab.dir / "hosts.toml"
+    path = lab.dir / f"hosts-{router}.toml"
     path.write_text(
         f"# the nodes of lab {lab.name!r} as hosts (podmigrate lab inventory)\n"
-        f'state = "."\nregistry = "{layout.REGISTRY}"\nrouter = "none"\nnetwork = "podman"\n{hosts}'
+        f'state = "."\nregistry = "{layout.REGISTRY}"\nrouter = "{router}"\nnetwork = "{network}"\n{hosts}'
     )
     return path
 

@@ -95,9 +95,11 @@ class Runtime(Protocol):
         self, name: str, *, tcp_established: bool = True
     ) -> dict[str, Any]: ...  # restore in place from the runtime's own copy (rollback)
     def restore_archive(
-        self, archive: Path, *, tcp_established: bool = True, criu: tuple[str, ...] = (), keep_address: bool = True
-    ) -> dict[str, Any]: ...  # restore a copy from an archive (``keep_address``: its source's, or a new one)
+        self, archive: Path, *, tcp_established: bool = True, criu: tuple[str, ...] = (), network: str = "keep"
+    ) -> dict[str, Any]: ...  # restore a copy from an archive (``network``: ``podman_cli.restore_network``)
     def resume(self, name: str) -> dict[str, Any]: ...  # wake a container a dump left stopped
+    def withdraw(self, address: str) -> dict[str, Any]: ...  # its L2 interface down (``runtime.l2``)
+    def announce(self, address: str) -> dict[str, Any]: ...  # its L2 interface up, gratuitous ARP
 
     # ---- whole pods
     def create_pod(
@@ -157,7 +159,7 @@ class Runtime(Protocol):
         tls: tuple[str, ...] = (),
         action_script: str | None = None,
         gate: Gate | None = None,
-        keep_address: bool = True,
+        network: str = "keep",
     ) -> tuple[
         dict[str, Any], subprocess.Popen[bytes], FaultWaker | None
     ]: ...  # restore, pages on fault (from ``images`` without an address); CRIU runs ``action_script``

@@ -218,7 +218,7 @@ class PodmanLazy(PodmanCLI):
         tls: tuple[str, ...] = (),
         action_script: str | None = None,
         gate: Gate | None = None,
-        keep_address: bool = True,
+        network: str = "keep",
     ) -> tuple[dict[str, Any], subprocess.Popen[bytes], FaultWaker | None]:
         """Restore with the memory left behind: a ``criu lazy-pages`` daemon fetches pages from the
         source at ``address:port`` as the process touches them (userfaultfd), and the rest in the
@@ -290,7 +290,7 @@ class PodmanLazy(PodmanCLI):
             (work / "action.sh").chmod(0o700)
             hook = (f"action-script={work / 'action.sh'}",)
         # no --print-stats: with a work-dir override podman fails after CRIU restored the process
-        args = ["container", "restore", "--import", str(archive), *restore_network(keep_address)]
+        args = ["container", "restore", "--import", str(archive), *restore_network(network)]
         if tcp_established:
             args.append("--tcp-established")
         else:  # connections that cannot follow (their address changes) come back closed

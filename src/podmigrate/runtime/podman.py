@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from podmigrate.runtime import criu_conf, uffd
 from podmigrate.runtime.base import NodeCapabilities
+from podmigrate.runtime.l2 import PodmanL2
 from podmigrate.runtime.lazy import PodmanLazy
 from podmigrate.runtime.podman_containers import PodmanContainers
 from podmigrate.runtime.podman_pod import PodmanPods
@@ -32,7 +33,7 @@ def _first_line(*cmd: str) -> str:
     return out.strip().splitlines()[0] if out.strip() else "unknown"
 
 
-class Podman(PodmanPods, PodmanLazy, PodmanContainers):
+class Podman(PodmanPods, PodmanLazy, PodmanL2, PodmanContainers):
     def info(self) -> dict[str, Any]:
         caps = self.capabilities()
         return {

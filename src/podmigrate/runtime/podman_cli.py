@@ -49,9 +49,18 @@ class PodmanCLI:
         return p
 
 
-def restore_network(keep_address: bool) -> list[str]:
-    """A copy that keeps its source's address (a workload network whose addresses move), or takes
-    one of its new host's network: Podman would otherwise reuse the one in the checkpoint even when
-    the container never asked for a static address, and on a private network that address may be
-    taken there."""
-    return [] if keep_address else ["--ignore-static-ip", "--ignore-static-mac"]
+RESTORE_NETWORK = {
+    "keep": [],  # the source's address and MAC (a network whose addresses the router moves)
+    # the same address, a new MAC: on a segment every host shares, nothing reaches the copy before
+    # it announces itself (the source's MAC would be learnt at its port as soon as it sent a frame)
+    "keep-ip": ["--ignore-static-mac"],
+    "new": ["--ignore-static-ip", "--ignore-static-mac"],  # one of its new host's network (router none)
+}
+
+
+def restore_network(network: str) -> list[str]:
+    """podman restore's options for the copy's address. Without them Podman reuses the checkpoint's
+    address and MAC, even for a container that never asked for a static one."""
+    if network not in RESTORE_NETWORK:
+        raise UsageError(f"no restore network {network!r}", hint=f"one of: {', '.join(RESTORE_NETWORK)}")
+    return RESTORE_NETWORK[network]

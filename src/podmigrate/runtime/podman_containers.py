@@ -219,9 +219,9 @@ class PodmanContainers(PodmanCLI):
         return {"started": t0, "ended": time.time(), "stats": parse_stats(p.stdout)}
 
     def restore_archive(
-        self, archive: Path, *, tcp_established: bool = True, criu: tuple[str, ...] = (), keep_address: bool = True
+        self, archive: Path, *, tcp_established: bool = True, criu: tuple[str, ...] = (), network: str = "keep"
     ) -> dict[str, Any]:
-        args = ["container", "restore", "--import", str(archive), "--print-stats", *restore_network(keep_address)]
+        args = ["container", "restore", "--import", str(archive), "--print-stats", *restore_network(network)]
         if tcp_established:
             args.append("--tcp-established")
         else:

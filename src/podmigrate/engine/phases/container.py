@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from podmigrate.engine import breakdown, paths
-from podmigrate.engine.phases import traffic
+from podmigrate.engine.phases import segment, traffic
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.errors import PodmigrateError
 
@@ -20,8 +20,12 @@ from podmigrate.errors import PodmigrateError
 def speculate(ctx: Ctx) -> None:
     """Before the freeze: the target's podman does its part of the restore from the source's skeleton
     of the container and waits at a gate for the real images (``runtime.speculative``). If it cannot,
-    the migration goes on without: the record says why."""
+    the migration goes on without: the record says why. Not where that skeleton's network would
+    compete with the serving source: a new address (router none), or the same on a shared segment."""
     rec = ctx.rec
+    if not rec.get("keep_address", True) or rec.get("early_copy") is False:
+        rec["speculative"] = {"state": "not used", "why": "its network would exist before the source froze"}
+        return
     try:
         skeleton = ctx.agent(rec["source"] or "").get(f"/v1/containers/{rec['container']}/skeleton")
         res = ctx.agent(rec["target"]).post(
@@ -51,14 +55,9 @@ def restores_from_local_pages(rec: Any) -> bool:
 def checkpoint(ctx: Ctx) -> None:
     rec = ctx.rec
     # a stop-copy's blackout includes the restore: podman's and runc's part of it goes before the freeze
-    # (not for a copy that takes a new address: its skeleton holds the source's network)
-    if (
-        rec["mode"] == "stop-copy"
-        and restores_from_local_pages(rec)
-        and not paths.old(rec, "restore-after-dump")
-        and rec.get("keep_address", True)
-    ):
+    if rec["mode"] == "stop-copy" and restores_from_local_pages(rec) and not paths.old(rec, "restore-after-dump"):
         speculate(ctx)
+    segment.withdraw_source(ctx)
     res = ctx.agent(rec["source"] or "").post(
         f"/v1/containers/{rec['container']}/checkpoint",
         {
@@ -100,7 +99,7 @@ def undo_checkpoint(ctx: Ctx) -> str:
         src.post(f"/v1/containers/{rec['container']}/restore", {"tcp_established": rec["plan"]["tcp_established"]})
         out = f"restored {rec['container']} in place on {rec['source']}"
     src.delete(f"/v1/checkpoints/{rec['id']}")
-    return out
+    return out + segment.take_back(ctx)
 
 
 def push(ctx: Ctx) -> None:
@@ -219,8 +218,8 @@ def page_server(ctx: Ctx) -> None:
 def restore(ctx: Ctx) -> None:
     rec = ctx.rec
     body: dict[str, Any] = {"tcp_established": rec["plan"]["tcp_established"]}
-    if not rec.get("keep_address", True):
-        body["keep_address"] = False
+    if rec.get("copy_network"):
+        body["copy_network"] = rec["copy_network"]
     if paths.old(rec, "restore-image-check"):
         body["image"] = rec["image"]
     if restores_from_local_pages(rec):

@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from podmigrate.engine import breakdown, paths
+from podmigrate.engine.phases import segment
 from podmigrate.engine.phases.container import cancel_speculation, checkpoint_id, expect_seal, speculate
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.errors import AgentError, PodmigrateError
@@ -26,7 +27,7 @@ _pause = time.sleep  # the pages phase's polling pause (tests make it instant)
 
 def lazy_checkpoint(ctx: Ctx) -> None:
     rec = ctx.rec
-    if not paths.old(rec, "restore-after-dump") and rec.get("keep_address", True):  # a skeleton keeps its network
+    if not paths.old(rec, "restore-after-dump"):
         speculate(ctx)
     body: dict[str, Any] = {
         "checkpoint_id": rec["id"],
@@ -42,6 +43,7 @@ def lazy_checkpoint(ctx: Ctx) -> None:
     if PREFETCH_MB > 0 and ctx.seal() and not paths.old(rec, "lazy-prefetch"):
         sealed = expect_seal(ctx)  # before the source's upload can reach the target
         body["prefetch"] = {"mb": PREFETCH_MB, "node": rec["target"], **sealed}
+    segment.withdraw_source(ctx)
     res = ctx.agent(rec["source"] or "").post(f"/v1/containers/{rec['container']}/checkpoint-lazy", body)
     rec["freeze_started"] = res["started"]
     rec["checkpoint_at"] = res["ended"]
@@ -71,7 +73,7 @@ def undo_lazy_checkpoint(ctx: Ctx) -> str:
     woke = src.post(f"/v1/containers/{rec['container']}/resume")
     return (
         f"the lazy dump gave up (exit {res.get('rc')}); {rec['container']} runs on {rec['source']}, "
-        f"unlocked {woke['unlocked']}"
+        f"unlocked {woke['unlocked']}" + segment.take_back(ctx)
     )
 
 
@@ -87,7 +89,7 @@ def lazy_restore(ctx: Ctx) -> None:
             **rec["lazy"],
             **({"image": rec["image"]} if paths.old(rec, "restore-image-check") else {}),
             "tcp_established": rec["plan"]["tcp_established"],
-            **({} if rec.get("keep_address", True) else {"keep_address": False}),
+            **({"copy_network": rec["copy_network"]} if rec.get("copy_network") else {}),
             "prefetch_wait_s": PREFETCH_WAIT_S if rec["lazy"].get("prefetch") else 0,
             "speculative": (rec.get("speculative") or {}).get("state") == "waiting",
             "prefetch_defer": not paths.old(rec, "prefetch-wait-at-pre-restore"),

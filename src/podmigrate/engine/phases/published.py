@@ -43,6 +43,7 @@ def take(ctx: Ctx, published: list[dict[str, Any]]) -> None:
     """validate: what the migration keeps of the source's network, and what it gives up."""
     rec = ctx.rec
     rec["keep_address"] = False
+    rec["copy_network"] = "new"
     rec["service_addresses"] = []  # nothing routes to the container itself
     rec["published"] = published
     if rec["plan"]["tcp_established"]:

@@ -149,6 +149,15 @@ def validate(ctx: Ctx) -> None:
     rec["container_id"] = c["id"]
     rec["image"] = c["image"]
     rec["service_addresses"] = list(c["ips"])
+    if lab.shared_segment:  # a second holder of the address would answer ARP for it too
+        if rec["mode"] == "decoupled":
+            raise UsageError(
+                f"{rec['workload']!r} is on a segment the hosts share: a copy made while it serves would "
+                "compete with it for its address",
+                hint="use --mode stop-copy or lazy (the source is frozen before its copy exists)",
+            )
+        rec["early_copy"] = False
+        rec["copy_network"] = "keep-ip"
     for n in (loc.node, rec["target"]):
         check_node(ctx, n)
     if rec.get("scope") != "pod":
