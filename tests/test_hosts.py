@@ -188,10 +188,9 @@ def test_hosts_refuse_what_is_not_there_before_anything_moves(tmp_path: Path) ->
     assert (hosts.nodes, hosts.node_address("host-b"), hosts.registry) == (
         ["host-a", "host-b"], "192.0.2.12", "registry.example:5000")  # fmt: skip
     assert hosts.moves_addresses and type(hosts.traffic()).__name__ == "L2Router"
-    static = Hosts(inventory.load(write(tmp_path, 'router = "static"\n' + TWO)))
-    with pytest.raises(UsageError, match=r"router 'static' is not built for hosts yet") as e:
-        static.require_up()  # before any agent is asked, and so before anything is frozen
-    assert 'router = "none"' in (e.value.hint or "")
+    with pytest.raises(UsageError, match="router static names no router") as e:
+        inventory.load(write(tmp_path, 'router = "static"\n' + TWO))
+    assert "[router]" in (e.value.hint or "")
     with pytest.raises(UsageError, match="no host 'host-c'"):
         hosts.agent("host-c")
     with pytest.raises(UsageError, match=r"no controller identity in .*pki"):
@@ -241,3 +240,18 @@ def test_the_controller_observes_from_where_it_runs(tmp_path: Path) -> None:
     finally:
         obs.close()
         server.server_close()
+
+
+def test_a_static_router_is_named_by_its_agent_and_gets_a_bundle(tmp_path: Path) -> None:
+    inv = inventory.load(write(tmp_path, TWO + '[router]\naddress = "192.0.2.254"\n'))
+    assert (inv.router, inv.router_address) == ("static", "192.0.2.254")
+    bundles = identities.init(inv)
+    assert sorted(bundles) == ["a", "b", "router"]
+    args = identities.agent_args(inv, "router")
+    assert args[:4] == ["--role", "lan", "--name", "router"] and "192.0.2.254:7070" in args
+    assert "--controller" in args and "--peer" not in args  # routes for the controller only
+    hosts = Hosts(inv)
+    assert hosts.moves_addresses and not hosts.shared_segment
+    assert type(hosts.traffic()).__name__ == "LanClient"
+    with pytest.raises(UsageError, match=r"\[router\] address 'x' is not an IPv4 address"):
+        inventory.load(write(tmp_path, TWO + '[router]\naddress = "x"\n'))

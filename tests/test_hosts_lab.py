@@ -161,3 +161,28 @@ def test_on_a_shared_segment_the_address_and_an_open_connection_move_with_the_co
         lan.close()
         for node in lab.nodes:
             lab.run(node, ["podman", "rm", "-f", "-t", "0", "l2web"], check=False)
+
+
+def test_with_a_static_router_the_address_is_routed_to_the_new_host(hosts_lab: Lab) -> None:
+    """The lab's LAN agent as the router an inventory names: a /32 route to the target's address."""
+    lab = hosts_lab
+    inventory = hosts_view.inventory(lab, "static", "mig")
+    ip = "10.89.1.200"  # on the lab's routed network, in node-a's range
+    lab.run("node-a", ["podman", "rm", "-f", "-t", "0", "routed"], check=False)
+    lab.run("node-a", ["podman", "run", "-d", "--name", "routed", "--network", "mig", "--ip", ip, "-e", "HEAP_MB=8",
+                       workload_image()])  # fmt: skip
+    try:
+        before = wait_for(lambda: state(lab, f"{ip}:8000"), 60, "the container to answer at its address")
+        moved = controller(lab, inventory, "migrate", "routed", "--to", "node-b", "--transport", "stream",
+                           "--probe", "http:8000/healthz", "--json")  # fmt: skip
+        assert moved.returncode == 0, moved.stderr + moved.stdout
+        rec = json.loads(moved.stdout)
+        (switch,) = rec["cutover"]["switches"]
+        assert (switch["addr"], switch["via"]) == (ip, lab.node_address("node-b")), switch
+        after = state(lab, f"{ip}:8000")
+        assert after is not None and (after["sha256"], after["started"]) == (before["sha256"], before["started"])
+        assert "routed" not in containers(lab, "node-a")
+    finally:
+        for node in lab.nodes:
+            lab.run(node, ["podman", "rm", "-f", "-t", "0", "routed"], check=False)
+        lab.agent("lan").delete(f"/v1/routes/{ip}")

@@ -143,7 +143,8 @@ def render_status(st: dict[str, Any]) -> None:
 
 
 @lab.command("inventory")
-@click.option("--router", type=click.Choice(["none", "l2"]), default="none", show_default=True)
+@click.option("--router", type=click.Choice(["none", "l2", "static"]), default="none", show_default=True,
+              help="static: the LAN agent routes the service addresses (network: the lab's own, mig)")  # fmt: skip
 @click.option("--network", default="podman", show_default=True, help="The containers' network (l2: the LAN's).")
 @click.pass_context
 def lab_inventory(ctx: click.Context, router: str, network: str) -> None:

@@ -4,7 +4,8 @@ reads the workloads from where it runs, as their users would.
 
 Routers: ``none`` (the address does not move: a workload answers at its new host's address after a
 migration, the published ports re-created there) and ``l2`` (its address on a segment every host
-shares moves with it, ``hosts.routers``); ``static`` is refused by ``require_router`` with what to choose.
+shares moves with it, ``hosts.routers``) and ``static`` (a route to the host on the router the
+inventory names, whose agent is the lab's LAN agent's kind: ``client.LanClient``).
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ from pathlib import Path
 from typing import Any
 
 from podmigrate.agent.probe import Probe, fetch
-from podmigrate.client import AgentClient
+from podmigrate.client import AgentClient, LanClient
 from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.hosts import identities
-from podmigrate.hosts.inventory import AGENT_PORT, Inventory
+from podmigrate.hosts.inventory import AGENT_PORT, ROUTER, Inventory
 from podmigrate.hosts.routers import L2Router, NoRouter
 
-BUILT_ROUTERS = ("none", "l2")
+BUILT_ROUTERS = ("none", "l2", "static")
 
 
 class LocalObserver:
@@ -104,13 +105,15 @@ class Hosts:
         return self._tls
 
     def agent(self, name: str, timeout: float = 900.0) -> AgentClient:
-        host = self.inv.host(name)
+        return self._client(name, self.inv.host(name).address, timeout)
+
+    def _client(self, name: str, address: str, timeout: float) -> AgentClient:
         return AgentClient(
             name,
             None,
             "",
             timeout,
-            base_url=f"https://{host.address}:{AGENT_PORT}",
+            base_url=f"https://{address}:{AGENT_PORT}",
             tls=self.tls(),
             unreachable_hint=f"on {name}: systemctl status podmigrate-agent; TCP {AGENT_PORT} must be open to "
             "the controller and the other hosts (docs/hosts.md)",
@@ -130,8 +133,10 @@ class Hosts:
     def shared_segment(self) -> bool:
         return self.inv.router == "l2"
 
-    def traffic(self) -> NoRouter | L2Router:
+    def traffic(self) -> NoRouter | L2Router | LanClient:
         self.require_router()
+        if self.inv.router == "static":  # its agent routes each service address to a host
+            return LanClient(self._client(ROUTER, self.inv.router_address or "", 60), self.node_address)
         return L2Router(self.nodes, self.agent) if self.inv.router == "l2" else NoRouter()
 
     def observer(self) -> LocalObserver:

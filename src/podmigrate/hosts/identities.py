@@ -19,13 +19,19 @@ import shutil
 from pathlib import Path
 
 from podmigrate.errors import UsageError
-from podmigrate.hosts.inventory import AGENT_PORT, CONTROLLER, Inventory
+from podmigrate.hosts.inventory import AGENT_PORT, CONTROLLER, ROUTER, Inventory
 from podmigrate.pki import CA, Identity
 
 ETC = Path("/etc/podmigrate")  # where a host's agent reads its bundle
 
 
 def agent_args(inv: Inventory, host: str, etc: Path = ETC) -> list[str]:
+    if host == ROUTER and inv.router_address:  # the static router's: routes only, for the controller
+        return [
+            "--role", "lan", "--name", ROUTER, "--tcp", f"{inv.router_address}:{AGENT_PORT}",
+            "--tls-cert", str(etc / "agent.crt"), "--tls-key", str(etc / "agent.key"), "--tls-ca", str(etc / "ca.crt"),
+            "--controller", CONTROLLER, "--router-file", str(etc / "router"),
+        ]  # fmt: skip
     me = inv.host(host)
     return [
         "--role", "node", "--name", me.name, "--tcp", f"{me.address}:{AGENT_PORT}",
@@ -49,17 +55,20 @@ def init(inv: Inventory) -> dict[str, Path]:
     ca = CA(inv.state / "pki", _label(inv))
     ca.issue(CONTROLLER)
     out: dict[str, Path] = {}
-    for h in inv.hosts:
-        ident = ca.issue(h.name, ips=[h.address], file=f"host-{h.name}")
-        d = inv.state / "bundles" / h.name
+    machines = [(h.name, h.address) for h in inv.hosts]
+    if inv.router_address:
+        machines.append((ROUTER, inv.router_address))
+    for name, address in machines:
+        ident = ca.issue(name, ips=[address], file=f"host-{name}")
+        d = inv.state / "bundles" / name
         d.mkdir(parents=True, exist_ok=True)
         os.chmod(d, 0o700)
-        for src, name, mode in ((ident.ca, "ca.crt", 0o644), (ident.cert, "agent.crt", 0o644),
+        for src, file, mode in ((ident.ca, "ca.crt", 0o644), (ident.cert, "agent.crt", 0o644),
                                 (ident.key, "agent.key", 0o600)):  # fmt: skip
-            shutil.copyfile(src, d / name)
-            os.chmod(d / name, mode)
-        (d / "agent.env").write_text(f"PODMIGRATE_AGENT_ARGS={shlex.quote(shlex.join(agent_args(inv, h.name)))}\n")
-        out[h.name] = d
+            shutil.copyfile(src, d / file)
+            os.chmod(d / file, mode)
+        (d / "agent.env").write_text(f"PODMIGRATE_AGENT_ARGS={shlex.quote(shlex.join(agent_args(inv, name)))}\n")
+        out[name] = d
     return out
 
 

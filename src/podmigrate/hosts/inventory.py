@@ -4,7 +4,7 @@ A TOML file::
 
     state = "/var/lib/podmigrate/hosts"   # the controller's state directory (default, or relative: beside this file)
     registry = "registry.example:5000"    # optional: the registry and archive transports need one
-    router = "none"                       # how a workload's address follows it: none | static | l2
+    router = "none"                       # how a workload's address follows it: none | l2, or static as below
     network = "podman"                    # the containers' network on every host
 
     [hosts.host-a]
@@ -12,6 +12,12 @@ A TOML file::
 
     [hosts.host-b]
     address = "192.0.2.12"
+
+Router static is a table instead, naming the machine that routes the service addresses to the hosts
+(its agent, ``--role lan``, changes its routes; ``hosts init`` makes its bundle too)::
+
+    [router]
+    address = "192.0.2.1"
 
 Every mistake is reported with the file, the key and what to write instead, before anything is made.
 """
@@ -30,6 +36,7 @@ from podmigrate.errors import UsageError
 ROUTERS = ("none", "static", "l2")
 AGENT_PORT = layout.AGENT_PORT  # every agent's: they reach each other's there too
 TOP = {"state", "registry", "router", "network", "hosts"}
+ROUTER = "router"  # the static router's name: its certificate and bundle
 HOST = {"address"}
 CONTROLLER = layout.CONTROLLER  # the controller's certificate name: agents let it call every route
 
@@ -48,6 +55,7 @@ class Inventory:
     registry: str | None
     router: str
     network: str
+    router_address: str | None = None  # router static: its agent's address
 
     def host(self, name: str) -> Host:
         for h in self.hosts:
@@ -94,9 +102,24 @@ def parse(doc: dict[str, Any], path: Path) -> Inventory:
         hosts.append(Host(name, address))
     if len({h.address for h in hosts}) < len(hosts):
         raise bad("two hosts have one address", "each host's agent needs its own address")
-    router = doc.get("router", "none")
+    router_doc = doc.get("router", "none")
+    router_address = None
+    if isinstance(router_doc, dict):  # [router]: the static router's agent
+        router, raw = "static", router_doc.get("address", "")
+        if unknown := sorted(set(router_doc) - {"address"}):
+            raise bad(f"[router] has unknown keys {unknown}", "the key of [router] is address")
+        try:
+            router_address = str(ipaddress.IPv4Address(str(raw)))
+        except ValueError:
+            raise bad(f"[router] address {raw!r} is not an IPv4 address", 'for example address = "192.0.2.1"') from None
+        if ROUTER in hosts_doc:
+            raise bad(f"host name {ROUTER!r} is the static router's", "name the host otherwise")
+    else:
+        router = router_doc
     if router not in ROUTERS:
         raise bad(f"router {router!r} is not one podmigrate has", f"choose one of: {', '.join(ROUTERS)}")
+    if router == "static" and router_address is None:
+        raise bad("router static names no router", 'add a [router] table: address = "IP of its agent"')
     registry = doc.get("registry")
     if registry is not None and (not isinstance(registry, str) or "/" in registry or not registry.strip()):
         raise bad(f"registry {registry!r} is not host:port", 'for example registry = "registry.example:5000"')
@@ -110,4 +133,4 @@ def parse(doc: dict[str, Any], path: Path) -> Inventory:
         )
     here = path.resolve().parent
     state = here / str(doc["state"]) if doc.get("state") else here / f"{path.stem}.state"  # relative: to this file
-    return Inventory(path, state, tuple(hosts), registry, str(router), str(network))
+    return Inventory(path, state, tuple(hosts), registry, str(router), str(network), router_address)

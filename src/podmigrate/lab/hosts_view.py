@@ -26,9 +26,10 @@ def inventory(lab: Lab, router: str = "none", network: str = "podman") -> Path:
     CA(lab.dir / "pki", f"lab {lab.name}").issue(layout.CONTROLLER)
     hosts = "".join(f'\n[hosts.{n}]\naddress = "{lab.node_address(n)}"\n' for n in lab.nodes)
     path = lab.dir / f"hosts-{router}.toml"
+    routing = f'[router]\naddress = "{layout.LAN_GATEWAY}"\n' if router == "static" else f'router = "{router}"\n'
     path.write_text(
         f"# the nodes of lab {lab.name!r} as hosts (podmigrate lab inventory)\n"
-        f'state = "."\nregistry = "{layout.REGISTRY}"\nrouter = "{router}"\nnetwork = "{network}"\n{hosts}'
+        f'state = "."\nregistry = "{layout.REGISTRY}"\nnetwork = "{network}"\n{routing}{hosts}'
     )
     return path
 

@@ -260,6 +260,7 @@ def lab_main() -> None:
         s.start()
     wait_files([STATE / "pids" / f"{n}.ready" for n in nodes], 120, "node holders")
     lan_argv = [*agent_argv("lan", "lan", layout.LAN_GATEWAY, nodes), "--router-file", f"{STATE}/router"]
+    lan_argv += ["--controller", layout.CONTROLLER]  # the LAN as the static router of the lab driven as hosts
     services.append(Service("lan", ["nsenter", "--net=/run/netns/lan", *lan_argv]))
     for n in nodes:
         holder = service_pid(f"holder-{n}")
