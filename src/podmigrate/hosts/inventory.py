@@ -3,7 +3,7 @@
 A TOML file::
 
     state = "/var/lib/podmigrate/hosts"   # the controller's state directory (default, or relative: beside this file)
-    registry = "registry.example:5000"    # optional: the registry and archive transports need one
+    registry = "registry.example:5000"    # optional: the registry transport needs one
     router = "none"                       # how a workload's address follows it: none | l2, or static as below
     network = "podman"                    # the containers' network on every host
 
