@@ -182,7 +182,6 @@ class Record(RunRecord, total=False):
     target_memory: dict[str, Any]  # memory warmed on the target for the restore (reserve-memory)
     service_addresses: list[str]  # the addresses that move with the workload
     keep_address: bool  # False: the copy takes an address of the target's (router none)
-    early_copy: bool  # False: no copy exists before the freeze (a shared segment: it would answer ARP)
     copy_network: str  # what of the source's address the copy keeps (runtime.podman_cli.RESTORE_NETWORK)
     withdrawn_at: float  # a shared segment: when the source gave up its addresses, just before its freeze
     published: list[dict[str, Any]]  # then: its published ports (container_port, protocol, host_ip, host_port)

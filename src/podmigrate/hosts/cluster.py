@@ -153,14 +153,7 @@ class Hosts:
         """The router is one podmigrate has, and every host's agent answers the controller; an error
         names those that do not, and why."""
         self.require_router()
-        down = {}
-        for h in self.inv.hosts:
-            try:
-                with self._closing(h.name, 10) as a:
-                    a.get("/v1/info")
-            except PodmigrateError as e:
-                down[h.name] = e.message
-        if down:
+        if down := {name: h["error"] for name, h in self.status().items() if not h["up"]}:
             raise PodmigrateError(
                 f"agents not answering: {', '.join(f'{n} ({why})' for n, why in down.items())}",
                 hint=f"on each: systemctl status podmigrate-agent; the bundle from `podmigrate hosts init "
@@ -172,11 +165,8 @@ class Hosts:
         got: dict[str, dict[str, Any]] = {}
         for h in self.inv.hosts:
             try:
-                with self._closing(h.name, 10) as a:
+                with contextlib.closing(self.agent(h.name, 10)) as a:
                     got[h.name] = {"up": True, "address": h.address, **a.get("/v1/info")}
             except PodmigrateError as e:
                 got[h.name] = {"up": False, "address": h.address, "error": e.message}
         return got
-
-    def _closing(self, name: str, timeout: float) -> contextlib.closing[AgentClient]:
-        return contextlib.closing(self.agent(name, timeout))

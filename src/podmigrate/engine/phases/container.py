@@ -23,7 +23,7 @@ def speculate(ctx: Ctx) -> None:
     the migration goes on without: the record says why. Not where that skeleton's network would
     compete with the serving source: a new address (router none), or the same on a shared segment."""
     rec = ctx.rec
-    if not rec.get("keep_address", True) or rec.get("early_copy") is False:
+    if rec.get("copy_network"):  # not the source's own network: a new address, or a new MAC on a segment
         rec["speculative"] = {"state": "not used", "why": "its network would exist before the source froze"}
         return
     try:

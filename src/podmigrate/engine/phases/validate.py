@@ -156,8 +156,7 @@ def validate(ctx: Ctx) -> None:
                 "compete with it for its address",
                 hint="use --mode stop-copy or lazy (the source is frozen before its copy exists)",
             )
-        rec["early_copy"] = False
-        rec["copy_network"] = "keep-ip"
+        rec["copy_network"] = "keep-ip"  # and no copy before the freeze (container.speculate)
     for n in (loc.node, rec["target"]):
         check_node(ctx, n)
     if rec.get("scope") != "pod":
