@@ -1,7 +1,9 @@
 """Hosts that are not the lab's own cluster, for real: the nodes of a lab whose Podman has its NAT and
-published ports on (``lab up --firewall nftables``), reached only through an inventory
-(``lab inventory``): the controller runs ``podmigrate --hosts`` from the lab's LAN, talks to the
-nodes' agents over TCP with its certificate, and probes the workload at its host's published port.
+published ports on (``lab up --firewall nftables``), set up as docs/hosts.md sets up machines
+(``hosts_installed``: addresses of their own, ``hosts init``, the agent installed with ``hosts
+install-agent`` and started as its systemd unit) and reached only through that inventory: the
+controller runs ``podmigrate --hosts`` from the lab's LAN, talks to those agents over TCP with its
+certificate, and probes the workload at its host's published port.
 A container started as a user starts one (``podman run -d -p 8080:8000``, Podman's default network)
 moves with its heap and process, and answers at the target's address afterwards. With the ``l2``
 router a container on a macvlan of the LAN's segment keeps its address, and a client's open TCP
@@ -9,6 +11,7 @@ connection goes on over the same connection."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -24,6 +27,7 @@ from podmigrate.lab.cluster import Lab
 from podmigrate.workload.image import workload_image
 
 from .conftest import hold_connection, run_lab_name, up_lab, wait_for
+from .hosts_installed import SECOND, Installed, install
 
 pytestmark = pytest.mark.lab
 
@@ -35,11 +39,33 @@ def hosts_lab() -> Iterator[Lab]:
     yield from up_lab(run_lab_name("hosts"), firewall="nftables")
 
 
-def controller(lab: Lab, inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """``podmigrate --hosts INVENTORY ARGS`` from the lab's LAN, as a user's controller machine."""
-    argv = hosts_view.lan_argv(lab, [PODMIGRATE, "--hosts", str(inventory), *args])
+@pytest.fixture(scope="module")
+def hosts(hosts_lab: Lab) -> Iterator[Installed]:
+    """The nodes with agents installed from ``hosts init``'s bundles, all answering the controller."""
+    lab = hosts_lab
+
+    def answering(inventory: Path) -> dict[str, Any] | None:
+        p = on_lan(lab, "hosts", "status", str(inventory), "--json")
+        st: dict[str, Any] = json.loads(p.stdout) if p.stdout.startswith("{") else {}
+        return st if st and all(h["up"] for h in st.values()) else None
+
+    with install(lab, lambda inv: on_lan(lab, "hosts", "init", str(inv))) as inst:
+        st = wait_for(lambda: answering(inst.inventory("static")), 60, "the installed agents to answer")
+        assert {n: h["address"] for n, h in st.items() if n in SECOND} == SECOND, st
+        assert st["router"]["role"] == "lan", st
+        yield inst
+
+
+def on_lan(lab: Lab, *args: str) -> subprocess.CompletedProcess[str]:
+    """``podmigrate ARGS`` from the lab's LAN, as on a user's controller machine."""
+    argv = hosts_view.lan_argv(lab, [PODMIGRATE, *args])
     wide = {**os.environ, "COLUMNS": "1000"}  # messages on one line each, as they are matched
     return subprocess.run(argv, capture_output=True, text=True, timeout=600, env=wide)
+
+
+def controller(lab: Lab, inventory: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``podmigrate --hosts INVENTORY ARGS`` from the lab's LAN."""
+    return on_lan(lab, "--hosts", str(inventory), *args)
 
 
 def state(lab: Lab, endpoint: str) -> dict[str, Any] | None:
@@ -54,10 +80,10 @@ def containers(lab: Lab, node: str) -> list[str]:
     return lab.run(node, ["podman", "ps", "-a", "--format", "{{.Names}}"]).stdout.split()
 
 
-def test_a_published_container_moves_between_hosts_and_answers_at_its_new_address(hosts_lab: Lab) -> None:
-    lab = hosts_lab
-    inventory = hosts_view.inventory(lab)
-    a, b = (f"{lab.node_address(n)}:8080" for n in ("node-a", "node-b"))
+def test_a_published_container_moves_between_hosts_and_answers_at_its_new_address(hosts: Installed) -> None:
+    lab = hosts.lab
+    inventory = hosts.inventory()
+    a, b = (f"{SECOND[n]}:8080" for n in ("node-a", "node-b"))
     lab.run("node-a", ["podman", "rm", "-f", "-t", "0", "web"], check=False)
     lab.run("node-a", ["podman", "run", "-d", "--name", "web", "-p", "8080:8000", "-e", "HEAP_MB=16", workload_image()])
     try:
@@ -89,6 +115,7 @@ def test_a_published_container_moves_between_hosts_and_answers_at_its_new_addres
 
 
 def test_what_cannot_follow_to_another_host_is_refused_before_anything_is_frozen(hosts_lab: Lab) -> None:
+    """Through the lab's own agents as hosts (``lab inventory``)."""
     lab = hosts_lab
     inventory = hosts_view.inventory(lab)
     pinned = f"{lab.node_address('node-a')}:8081"
@@ -124,12 +151,12 @@ def carried_on(lan: Any, cid: str, when: str) -> None:
 SEGMENT = ["-d", "macvlan", "-o", "parent=eth0", "--subnet", "10.77.0.0/24", "--gateway", "10.77.0.1"]
 
 
-def test_on_a_shared_segment_the_address_and_an_open_connection_move_with_the_container(hosts_lab: Lab) -> None:
-    lab = hosts_lab
+def test_on_a_shared_segment_the_address_and_an_open_connection_move_with_the_container(hosts: Installed) -> None:
+    lab = hosts.lab
     for node in lab.nodes:  # the segment's network, made on each host as its user would
         if lab.run(node, ["podman", "network", "exists", "seg"], check=False).returncode:
             lab.run(node, ["podman", "network", "create", *SEGMENT, "--ip-range", "10.77.0.224/28", "seg"])
-    inventory = hosts_view.inventory(lab, "l2", "seg")
+    inventory = hosts.inventory("l2", "seg")
     ip = "10.77.0.230"
     lab.run("node-a", ["podman", "rm", "-f", "-t", "0", "l2web"], check=False)
     lab.run("node-a", ["podman", "run", "-d", "--name", "l2web", "--network", "seg", "--ip", ip, "-e", "HEAP_MB=16",
@@ -163,26 +190,54 @@ def test_on_a_shared_segment_the_address_and_an_open_connection_move_with_the_co
             lab.run(node, ["podman", "rm", "-f", "-t", "0", "l2web"], check=False)
 
 
-def test_with_a_static_router_the_address_is_routed_to_the_new_host(hosts_lab: Lab) -> None:
-    """The lab's LAN agent as the router an inventory names: a /32 route to the target's address."""
-    lab = hosts_lab
-    inventory = hosts_view.inventory(lab, "static", "mig")
-    ip = "10.89.1.200"  # on the lab's routed network, in node-a's range
-    lab.run("node-a", ["podman", "rm", "-f", "-t", "0", "routed"], check=False)
-    lab.run("node-a", ["podman", "run", "-d", "--name", "routed", "--network", "mig", "--ip", ip, "-e", "HEAP_MB=8",
-                       workload_image()])  # fmt: skip
+ROUTED = "10.90.7.0/24"  # the hosts' routed subnet: a bridge of the same gateway on each, no NAT
+
+
+@contextlib.contextmanager
+def routed_network(lab: Lab) -> Iterator[None]:
+    """Each host's end of a routed subnet as docs/hosts.md sets one up: a bridge with the subnet's
+    gateway and a Podman network on it that Podman leaves alone (``mode=unmanaged``: no masquerade,
+    which would rewrite a restored connection's packets); the router sends the subnet to node-a."""
+    for node in lab.nodes:  # the network before the bridge: Podman refuses a subnet the host has already
+        if lab.run(node, ["podman", "network", "exists", "routed"], check=False).returncode:
+            lab.run(node, ["podman", "network", "create", "--interface-name", "rbr0", "-o", "mode=unmanaged",
+                           "--subnet", ROUTED, "--gateway", "10.90.7.1", "--disable-dns", "routed"])  # fmt: skip
+        lab.run(node, ["sh", "-c", "ip link show rbr0 >/dev/null 2>&1 || { ip link add rbr0 type bridge && "
+                                   "ip addr add 10.90.7.1/24 dev rbr0 && ip link set rbr0 up; }"])  # fmt: skip
+    lab.run("lan", ["ip", "route", "replace", ROUTED, "via", SECOND["node-a"]])
     try:
-        before = wait_for(lambda: state(lab, f"{ip}:8000"), 60, "the container to answer at its address")
-        moved = controller(lab, inventory, "migrate", "routed", "--to", "node-b", "--transport", "stream",
-                           "--probe", "http:8000/healthz", "--json")  # fmt: skip
-        assert moved.returncode == 0, moved.stderr + moved.stdout
-        rec = json.loads(moved.stdout)
-        (switch,) = rec["cutover"]["switches"]
-        assert (switch["addr"], switch["via"]) == (ip, lab.node_address("node-b")), switch
-        after = state(lab, f"{ip}:8000")
-        assert after is not None and (after["sha256"], after["started"]) == (before["sha256"], before["started"])
-        assert "routed" not in containers(lab, "node-a")
+        yield
     finally:
-        for node in lab.nodes:
-            lab.run(node, ["podman", "rm", "-f", "-t", "0", "routed"], check=False)
-        lab.agent("lan").delete(f"/v1/routes/{ip}")
+        lab.run("lan", ["ip", "route", "del", ROUTED], check=False)
+
+
+def test_with_a_static_router_the_address_and_an_open_connection_move_to_the_new_host(hosts: Installed) -> None:
+    """The router the inventory names (its agent in the LAN): a /32 route to the target's address."""
+    lab = hosts.lab
+    inventory = hosts.inventory("static", "routed")
+    ip = "10.90.7.200"
+    with routed_network(lab):
+        lab.run("node-a", ["podman", "rm", "-f", "-t", "0", "routed"], check=False)
+        lab.run("node-a", ["podman", "run", "-d", "--name", "routed", "--network", "routed", "--ip", ip,
+                           "-e", "HEAP_MB=8", workload_image()])  # fmt: skip
+        lan = lab.agent("lan")  # the test's client on the LAN, whose packets the router sends on
+        try:
+            before = wait_for(lambda: state(lab, f"{ip}:8000"), 60, "the container to answer at its address")
+            cid = hold_connection(lan, ip)
+            moved = controller(lab, inventory, "migrate", "routed", "--to", "node-b", "--transport", "stream",
+                               "--probe", "http:8000/healthz", "--json")  # fmt: skip
+            assert moved.returncode == 0, moved.stderr + moved.stdout
+            rec = json.loads(moved.stdout)
+            (switch,) = rec["cutover"]["switches"]
+            assert (switch["addr"], switch["via"]) == (ip, SECOND["node-b"]), switch
+            after = state(lab, f"{ip}:8000")
+            assert after is not None and (after["sha256"], after["started"]) == (before["sha256"], before["started"])
+            carried_on(lan, cid, "after the migration")
+            assert "routed" not in containers(lab, "node-a")
+            final = lan.delete(f"/v1/connections/{cid}")
+            assert final["error"] is None and final["same_connection"] and not final["counter_went_backwards"], final
+        finally:
+            lan.close()
+            for node in lab.nodes:
+                lab.run(node, ["podman", "rm", "-f", "-t", "0", "routed"], check=False)
+            lab.agent("lan").delete(f"/v1/routes/{ip}")

@@ -97,6 +97,21 @@ def test_pages_and_answers_cross_sealed_and_arrive_whole() -> None:
     assert source.bytes[pagerelay.TO_SOURCE] == target.bytes[pagerelay.TO_SOURCE] == 2 + 32
 
 
+def test_the_source_connects_from_the_address_the_target_lets_in() -> None:
+    """A host whose agent listens on an address its kernel would not choose to connect from (a second
+    address on the interface): the target relay lets in only the source's agent address."""
+    ps = PageServer()
+    target = pagerelay.TargetRelay("cp6", KEY, "127.0.0.1", ps.port, accept_seconds=30, peer="127.0.0.2")
+    unbound = pagerelay.SourceRelay("cp6", KEY, ("127.0.0.1", target.port), accept_seconds=30)
+    with pytest.raises((AssertionError, OSError)):
+        dump(unbound.port)  # it connects from 127.0.0.1: dropped, and the dump fails
+    wait_until(lambda: len(target.dropped) == 1, "the wrong address to be dropped")
+    assert target.dropped == ["127.0.0.1: not the source (127.0.0.2)"]
+    source = pagerelay.SourceRelay("cp6", KEY, ("127.0.0.1", target.port), accept_seconds=30, source="127.0.0.2")
+    assert dump(source.port) == hashlib.sha256(PAGES).digest()
+    assert source.wait(30) and target.wait(30) and target.error is None and ps.n == len(PAGES)
+
+
 class Tap:
     """A man in the middle between the relays: forwards everything, flipping byte ``flip`` (counted
     from the start of the sealed stream) if given."""

@@ -134,7 +134,7 @@ class LazyPages:
         address, port = names.ipv4(ps.get("address")), names.port(ps.get("port"))
         relay = None
         if ps.get("relay"):
-            relay = pagerelay.SourceRelay(cid, seal.check_key(b.get("seal")), (address, port))
+            relay = pagerelay.SourceRelay(cid, seal.check_key(b.get("seal")), (address, port), source=self.peers.mine())
             criu: tuple[str, ...] = ("page-server", "address=127.0.0.1", f"port={relay.port}")
         else:
             criu = ("page-server", f"address={address}", f"port={port}", *self.criu_tls(b, server=False))

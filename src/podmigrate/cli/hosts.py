@@ -63,7 +63,9 @@ def status_cmd(inventory: Path, as_json: bool) -> None:
     def render(st: dict[str, dict[str, Any]]) -> None:
         table = Table("host", "address", "agent", "runtime", "criu")
         for name, h in st.items():
-            if h["up"]:
+            if h["up"] and h.get("role") == "lan":  # the static router's agent: routes, no runtime
+                table.add_row(name, h["address"], "up", f"router ({h.get('router', '?')} routes)", "")
+            elif h["up"]:
                 runtime = f"{h.get('runtime', '?')} {h.get('podman', '')}".strip()
                 table.add_row(name, h["address"], "up", runtime, str(h.get("criu", "?")))
             else:

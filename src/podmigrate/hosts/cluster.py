@@ -161,12 +161,16 @@ class Hosts:
             )
 
     def status(self) -> dict[str, dict[str, Any]]:
-        """Each host's agent's answer to ``/v1/info`` (its runtime and CRIU), or why it gave none."""
+        """Each host's agent's answer to ``/v1/info`` (its runtime and CRIU), and the static router's,
+        or why it gave none."""
+        machines = [(h.name, h.address) for h in self.inv.hosts]
+        if self.inv.router_address:
+            machines.append((ROUTER, self.inv.router_address))
         got: dict[str, dict[str, Any]] = {}
-        for h in self.inv.hosts:
+        for name, address in machines:
             try:
-                with contextlib.closing(self.agent(h.name, 10)) as a:
-                    got[h.name] = {"up": True, "address": h.address, **a.get("/v1/info")}
+                with contextlib.closing(self._client(name, address, 10)) as a:
+                    got[name] = {"up": True, "address": address, **a.get("/v1/info")}
             except PodmigrateError as e:
-                got[h.name] = {"up": False, "address": h.address, "error": e.message}
+                got[name] = {"up": False, "address": address, "error": e.message}
         return got

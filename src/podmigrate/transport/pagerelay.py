@@ -190,11 +190,15 @@ class Relay:
 
 class SourceRelay(Relay):
     """Listens on this node's loopback for CRIU's dump and relays it to the target relay at
-    ``target`` (address, port). ``port`` goes into CRIU's ``page-server`` options."""
+    ``target`` (address, port) from ``source``, this node's address the target lets in (a host's
+    agent may listen on an address that is not the one its kernel would choose). ``port`` goes into
+    CRIU's ``page-server`` options."""
 
-    def __init__(self, cid: str, key: str, target: tuple[str, int], accept_seconds: float = 60.0):
+    def __init__(
+        self, cid: str, key: str, target: tuple[str, int], accept_seconds: float = 60.0, source: str | None = None
+    ):
         super().__init__(cid, key, "source")
-        self.target = target
+        self.target, self.source = target, source
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(accept_seconds)
         self.port = int(self.listener.getsockname()[1])
@@ -207,7 +211,7 @@ class SourceRelay(Relay):
             plain, _ = self.listener.accept()
             self.listener.close()
             self._socks.append(plain)
-            sealed = socket.create_connection(self.target, timeout=10)
+            sealed = socket.create_connection(self.target, 10, (self.source, 0) if self.source else None)
             sealed.settimeout(None)
             plain.settimeout(None)
             sealed.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
