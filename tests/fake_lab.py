@@ -375,8 +375,9 @@ class World:
             node.lazy[b["checkpoint_id"]] = {"running": True, "rc": None}
             node.checkpoints[b["checkpoint_id"]] = c.snapshot()
             t = time.time()
+            relay = bool(b.get("relay") and b.get("seal"))  # as the agent: relayed only with the key
             return {"started": t, "ended": t, "address": layout.node_ip(name), "port": 27001, "times": {},
-                    "stats": {}, "archive_bytes": 1 << 20}  # fmt: skip
+                    "stats": {}, "archive_bytes": 1 << 20, "relay": relay, "criu_port": 27002}  # fmt: skip
 
         @app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/abort-lazy")
         def abort_lazy(p: dict[str, str], b: dict[str, Any]) -> Any:
@@ -392,7 +393,11 @@ class World:
             source = next(n for n in self.nodes.values() if p["cid"] in n.lazy and n is not node)
             source.lazy[p["cid"]] = {"running": False, "rc": 0}
             source.containers.pop(node.checkpoints[p["cid"]]["name"], None)  # CRIU ends it once the pages moved
-            return {**out, "wake_faults": b.get("wake_faults", False), "criu_tls": tls.criu_tls_wanted(b)}
+            if b.get("relay") and not b.get("seal"):
+                raise UsageError("a relayed lazy restore needs the migration's key")
+            relay = bool(b.get("relay"))
+            return {**out, "wake_faults": b.get("wake_faults", False), "relay": relay,
+                    "criu_tls": not relay and tls.criu_tls_wanted(b)}  # fmt: skip
 
         @app.route("POST", "/v1/containers/(?P<n>[^/]+)/huge-pages")
         def huge_pages(p: dict[str, str], b: dict[str, Any]) -> Any:

@@ -203,6 +203,15 @@ def test_the_old_page_path_through_criu_tls_still_moves_the_heap(lab: Any, workl
     assert "page_relay" not in rec["bytes"] and rec["old_paths"] == ["criu-tls-pages"]
 
 
+def test_the_old_lazy_page_path_through_criu_tls_still_moves_the_heap(lab: Any, workload: Any) -> None:
+    """What ``bench engine --old-paths lazy-criu-tls`` measures against must itself be correct."""
+    st = workload(node="node-a", heap_mb=16)
+    rec = migrate(lab, Plan(st["name"], "node-b", "lazy", "stream", old_paths=("lazy-criu-tls",)))
+    assert rec["status"] == "completed" and rec["state_after"]["sha256"] == st["sha256"]
+    assert rec["security"]["pages"] == "criu tls" and "relay" not in rec["lazy"] and "relay_bytes" not in rec["lazy"]
+    assert rec["old_paths"] == ["lazy-criu-tls"]
+
+
 def test_the_old_eager_restore_still_moves_the_heap_and_waits_for_no_daemon(lab: Any, workload: Any) -> None:
     """``bench engine --old-paths eager-restore`` measures against the restore that reads the whole memory first."""
     st = workload(node="node-a", heap_mb=16)

@@ -324,11 +324,13 @@ def test_each_mode_and_transport_goes_there_and_back_with_the_heap_intact(lab, w
         assert rec["security"]["sealed"] is True and rec["security"]["controller"] == "unix socket + token"
         # by (mode, transport), so that a page server gone missing fails here instead of skipping the
         # checks below: a streamed copy's pages go into the target's page server during the dump; a
-        # lazy copy fetches them from the source's CRIU (in CRIU's TLS); registry and archive carry
-        # them inside the checkpoint
+        # lazy copy fetches them from the source's CRIU (through the agents' sealed relay too); registry
+        # and archive carry them inside the checkpoint
         paged = transport == "stream" and mode != "lazy"
         assert bool(rec.get("page_server")) is paged, rec.get("page_server")
-        assert rec["security"].get("pages") == ("sealed relay" if paged else "criu tls" if mode == "lazy" else None)
+        assert rec["security"].get("pages") == ("sealed relay" if paged or mode == "lazy" else None)
+        if mode == "lazy":  # the heap beyond the prefetched small mappings crossed in the relay
+            assert rec["lazy"]["relay_bytes"]["pages"] >= 16 << 20, rec["lazy"]
         if paged:  # the lab seals: the pages crossed in the agents' sealed relay
             assert rec["bytes"]["page_relay"]["pages"] >= 32 << 20
             # the restore left the memory in the images for a local lazy-pages daemon, which had

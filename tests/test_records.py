@@ -40,9 +40,7 @@ def expected_security(mode: str, transport: str, security: str) -> dict[str, Any
     sec["sealed"] = on
     if transport in ("stream", "archive"):  # lazy streams too
         sec["agents"] = "mutual TLS (TLSv1.3)"
-    if mode == "lazy":
-        sec["pages"] = "criu tls" if on else "plain"
-    elif transport == "stream":
+    if mode == "lazy" or transport == "stream":
         sec["pages"] = "sealed relay" if on else "plain"
     return sec
 

@@ -57,9 +57,11 @@ class LazyPages:
         # the restores podman and runc started before the freeze (its routes are registered here too)
         self.prefetches, self.speculations = prefetches, speculations or Speculations(rt, files)
         self.jobs: dict[str, subprocess.Popen[Any]] = {}
-        self.lazy_ports: dict[str, int] = {}
+        self.lazy_ports: dict[str, tuple[str, int]] = {}  # where each lazy dump's CRIU serves pages
         self.wakers: dict[str, FaultWaker] = {}
         self.relays: dict[str, pagerelay.TargetRelay] = {}
+        # a lazy migration's sealed relay, by role as the jobs: the source's listener, the target's dialer
+        self.lazy_relays: dict[str, pagerelay.Relay] = {}
 
     def register(self, app: App) -> None:
         app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/page-server")(self.page_server)
@@ -90,15 +92,17 @@ class LazyPages:
         waker = self.wakers.pop(cid, None)
         if waker is not None:
             waker.stop()
-        relay = self.relays.pop(cid, None)
-        if relay is not None:
-            relay.close()
+        for relay in (self.relays.pop(cid, None), self.lazy_relays.pop(f"dst-{cid}", None)):
+            if relay is not None:
+                relay.close()
         # the source's dump job stays (abort-lazy ends it); finished ones and their ports are forgotten,
         # so a long run does not grow these tables
         src = self.jobs.get(f"src-{cid}")
         if src is None or src.poll() is not None:
             self.jobs.pop(f"src-{cid}", None)
             self.lazy_ports.pop(cid, None)
+            if (relay := self.lazy_relays.pop(f"src-{cid}", None)) is not None:
+                relay.close()
 
     def _free_port(self, address: str | None = None) -> int:
         with socket.socket() as sk:
@@ -143,20 +147,31 @@ class LazyPages:
         return criu, relay
 
     def checkpoint_lazy(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        """A lazy dump that serves its pages until the target has them all. With ``relay`` and the
+        migration's key, CRIU serves them in the clear on this node's loopback, and a sealed relay
+        (``transport.pagerelay``) lets in only the target (``peer``); else CRIU listens on the LAN,
+        in its own TLS unless the request says ``"criu_tls": false``."""
         cid = b["checkpoint_id"]
-        port = self._free_port()
+        key = seal.check_key(b.get("seal")) if b.get("relay") else None
+        listen = "127.0.0.1" if key else self.peers.mine()
+        port = self._free_port(listen)
         t0 = time.time()
         with self.files.busy(cid):
             self.jobs[f"src-{cid}"], times = self.rt.lazy_checkpoint(
                 p["name"],
                 self.files.archive(cid),
-                self.peers.mine(),
+                listen,
                 port,
                 tcp_established=b.get("tcp_established", True),
-                tls=self.criu_tls(b, server=True),
+                tls=() if key else self.criu_tls(b, server=True),
                 criu=network_lock(b) + lazy_dump_mode(b),
             )
-        self.lazy_ports[cid] = port
+        self.lazy_ports[cid] = (listen, port)
+        served = port
+        if key:
+            peer = names.ipv4(b["peer"]) if b.get("peer") else None
+            relay = self.lazy_relays[f"src-{cid}"] = pagerelay.TargetRelay(cid, key, self.peers.mine(), port, peer=peer)
+            served = relay.port
         images, pid = times.pop("images", None), times.pop("pid", None)
         pre = b.get("prefetch") or {}
         prefetching = False
@@ -167,7 +182,9 @@ class LazyPages:
             prefetching = True
         return {
             "address": self.peers.mine(),
-            "port": port,
+            "port": served,
+            "relay": bool(key),
+            "criu_port": port,  # for abort-lazy after an agent restart: the dump's own, on ``listen``
             "started": t0,
             "times": times,
             "ended": time.time(),
@@ -188,10 +205,19 @@ class LazyPages:
         action = (
             node_prefetch.script(self.files.pages(cid), wait, defer=b.get("prefetch_defer", True)) if wait else None
         )
-        tls = self.criu_tls(b, server=False)
-        res, waker, speculative = self._restore(
-            cid, b, gate, names.ipv4(b.get("address")), names.port(b.get("port")), tls=tls, action_script=action
-        )
+        source: tuple[str, int] = (names.ipv4(b.get("address")), names.port(b.get("port")))
+        tls = () if b.get("relay") else self.criu_tls(b, server=False)
+        if b.get("relay"):  # the daemon fetches from this node's loopback; the relay seals the way there
+            key = seal.check_key(b.get("seal"))
+            relay = pagerelay.SourceRelay(cid, key, source, source=self.peers.mine())
+            self.lazy_relays[f"dst-{cid}"] = relay
+            source = ("127.0.0.1", relay.port)
+        try:
+            res, waker, speculative = self._restore(cid, b, gate, *source, tls=tls, action_script=action)
+        except BaseException:
+            if (relay_left := self.lazy_relays.pop(f"dst-{cid}", None)) is not None:
+                relay_left.close()
+            raise
         used = node_prefetch.outcome(self.files.pages(cid)) if wait else None
         return {
             **res,
@@ -199,6 +225,7 @@ class LazyPages:
             "prefetch": used,
             "speculative": speculative,
             "criu_tls": bool(tls),
+            "relay": bool(b.get("relay")),
         }
 
     def restore_from_pages(self, cid: str, b: dict[str, Any]) -> Any:
@@ -248,6 +275,10 @@ class LazyPages:
                 out[role] = {"running": job.poll() is None, "rc": job.returncode}
         if p["cid"] in self.wakers:
             out["waker"] = self.wakers[p["cid"]].status()
+        for role in ("src", "dst"):
+            relay = self.lazy_relays.get(f"{role}-{p['cid']}")
+            if relay is not None:  # bytes each way (the pages one way, the daemon's requests the other)
+                out.setdefault(role, {})["relay"] = {"bytes": relay.bytes, "error": relay.error}
         pre = self.prefetches.status(p["cid"]) if self.prefetches else None
         if pre is not None:
             out["prefetch"] = pre
@@ -276,15 +307,18 @@ class LazyPages:
         job = self.jobs.get(f"src-{cid}")
         if job is not None and job.poll() is not None:
             return {"aborted": False, "rc": job.returncode}
-        port = self.lazy_ports.get(cid) or b.get("port")
+        # the dump's own listener: a relayed one's CRIU is on loopback (its relay lets in the target only)
+        relayed = b.get("relay") and b.get("criu_port")
+        at = self.lazy_ports.get(cid) or (
+            ("127.0.0.1", int(b["criu_port"])) if relayed else (self.peers.mine(), int(b.get("port") or 0))
+        )
         if job is None and not orphaned_dump(cid):
             return {"aborted": False, "rc": None}
-        if port:
-            with (
-                contextlib.suppress(OSError),
-                socket.create_connection((self.peers.mine(), int(port)), 5) as sk,
-            ):
+        if at[1]:
+            with contextlib.suppress(OSError), socket.create_connection(at, 5) as sk:
                 sk.sendall(b"\xff" * 64)
+        if (relay := self.lazy_relays.pop(f"src-{cid}", None)) is not None:
+            relay.close()
         if job is not None:
             try:
                 job.wait(timeout=60)

@@ -68,6 +68,8 @@ def _row(label: str, heap: int, rec: Mapping[str, Any], warmup: bool = False) ->
         "phase_s": rec.get("phase_s", {}),
         "criu_frozen_s": round(dump["frozen_time"] / 1e6, 3) if "frozen_time" in dump else None,
         "bytes_moved": rec.get("bytes_moved"),
+        # what crossed per second while it moved; for lazy, the pages' tail after the restore
+        "throughput_mb_s": rec.get("throughput_mb_s"),
         "archive_bytes": (rec.get("bytes") or {}).get("archive"),
         "pushed_bytes": (rec.get("bytes") or {}).get("pushed"),
         "sha256_equal": (rec.get("checks") or {}).get("sha256_equal"),
@@ -262,6 +264,7 @@ def table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "drift_counter": med("drift_counter"),
                 "criu_frozen_s": med("criu_frozen_s"),
                 "runtime_s": med("runtime_s"),
+                "throughput_mb_s": med("throughput_mb_s"),
                 "phase_s": phases,
                 "state": rs[0]["state"],
                 "archive_mib": round(a / 2**20, 2) if (a := med("archive_bytes")) is not None else None,
@@ -359,8 +362,8 @@ def markdown(tab: list[dict[str, Any]]) -> str:
     lines = [
         "| heap MB | method | n | blackout s | at cutover s | drift (ticks) | CRIU frozen s | "
         + " | ".join(cols)
-        + " | state |",
-        "|---|---|---|---|---|---|---|" + "---|" * len(cols) + "---|",
+        + " | MB/s | state |",
+        "|---|---|---|---|---|---|---|" + "---|" * len(cols) + "---|---|",
     ]
     for r in tab:
         cells = [str(r["phase_s"].get(c, "")) for c in cols]
@@ -370,6 +373,6 @@ def markdown(tab: list[dict[str, Any]]) -> str:
             f"{r['drift_counter'] if r['drift_counter'] is not None else ''} | "
             f"{r['criu_frozen_s'] if r['criu_frozen_s'] is not None else ''} | "
             + " | ".join(cells)
-            + f" | {r['state']} |"
+            + f" | {r.get('throughput_mb_s') or ''} | {r['state']} |"
         )
     return "\n".join(lines) + "\n"

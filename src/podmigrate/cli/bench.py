@@ -93,7 +93,16 @@ def bench_engine(
             load=tuple(load.split(",")),
         )
     t = Table(
-        "heap MB", "method", "n", "blackout s", "at cutover s", "drift", "CRIU frozen s", "phases (median s)", "state"
+        "heap MB",
+        "method",
+        "n",
+        "blackout s",
+        "at cutover s",
+        "drift",
+        "CRIU frozen s",
+        "phases (median s)",
+        "MB/s",
+        "state",
     )
     for r in summary["table"]:
         t.add_row(
@@ -105,6 +114,7 @@ def bench_engine(
             str(r["drift_counter"] if r["drift_counter"] is not None else "-"),
             str(r["criu_frozen_s"] if r["criu_frozen_s"] is not None else "-"),
             " ".join(f"{k}={v}" for k, v in r["phase_s"].items() if k not in ("validate", "verify", "cleanup")),
+            str(r.get("throughput_mb_s") or "-"),
             str(r["state"]),
         )
     out.print(t)

@@ -23,6 +23,9 @@ CHANGES = {
     "(validate made sure of it before the freeze)",
     "criu-tls-pages": "a sealed migration's streamed pages cross in CRIU's own TLS (GnuTLS, 16 KB records "
     "inside the freeze) instead of the agents' sealed relay (transport.pagerelay)",
+    "lazy-criu-tls": "a sealed lazy migration's pages cross in CRIU's own TLS between the target's lazy-pages "
+    "daemon and the source's dump instead of the agents' sealed relay (transport.pagerelay; CRIU in the clear "
+    "on each node's loopback)",
     "eager-restore": "a streamed dump's restore reads the whole memory out of the images before the copy runs, "
     "instead of a local lazy-pages daemon copying it in while the copy already serves",
     "lazy-prefetch": "a lazy dump leaves every lazy-able page to be fetched on its first touch, instead of "

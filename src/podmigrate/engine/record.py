@@ -86,7 +86,7 @@ class Security(TypedDict, total=False):
     sealed: bool  # the checkpoint crossed sealed with the migration's key (push, pull or upload said so)
     # memory pages that crossed outside the checkpoint: a streamed dump's into the target's page
     # server, a lazy copy's fetched from the source: "sealed relay" (transport.pagerelay, AES-256-GCM),
-    # "criu tls" (CRIU's own GnuTLS; the old path criu-tls-pages), "plain" (security off)
+    # "criu tls" (CRIU's own GnuTLS; the old paths criu-tls-pages, lazy-criu-tls), "plain" (security off)
     pages: str
     controller: str  # how this controller reached the agents (client.AgentClient.channel): "unix socket + token"
     agents: str  # how the source agent's uploads reached the target agent: "mutual TLS (TLSv1.3)"
@@ -130,8 +130,11 @@ class CheckpointImage(TypedDict):
 
 
 class Lazy(TypedDict, total=False):
-    address: str  # the source's lazy-pages server
+    address: str  # the source's lazy-pages server (its sealed relay's, with ``relay``)
     port: int
+    relay: bool  # the pages cross through the agents' sealed relay (transport.pagerelay)
+    criu_port: int  # with relay: the dump's own port, on the source's loopback (abort-lazy's way in)
+    relay_bytes: dict[str, int]  # with relay, at the source: pages sent, the daemon's requests received
     times: dict[str, Any]  # podman started, frozen by us, CRIU serving pages, target's part packed; timeline
     dump_mode: str  # read: the pages stayed in the frozen tasks (lab.criu_build); splice: pinned in pipes
     lan_tx_before: int | None  # the source's LAN transmit counter when the copy started

@@ -29,10 +29,14 @@ def lazy_checkpoint(ctx: Ctx) -> None:
     rec = ctx.rec
     if not paths.old(rec, "restore-after-dump"):
         speculate(ctx)
+    # sealed migrations' pages cross through the agents' sealed relay, not CRIU's TLS
+    relay = bool(ctx.seal()) and not paths.old(rec, "lazy-criu-tls")
     body: dict[str, Any] = {
         "checkpoint_id": rec["id"],
         "tcp_established": rec["plan"]["tcp_established"],
         **ctx.criu_tls(),  # the pages the copy fetches later: the restore's end asks for the same
+        "relay": relay,
+        **({"peer": ctx.lab.node_address(rec["target"]), **ctx.seal()} if relay else {}),
     }
     if paths.old(rec, "iptables-network-lock"):
         body["network_lock"] = "iptables"
@@ -50,6 +54,8 @@ def lazy_checkpoint(ctx: Ctx) -> None:
     # podman started, CRIU serving pages (the tasks frozen and dumped but for their memory), the
     # target's part packed
     rec["lazy"] = {"address": res["address"], "port": res["port"], "times": res.get("times", {})}
+    if res.get("relay"):  # the dump's own port on the source's loopback, for abort-lazy
+        rec["lazy"]["relay"], rec["lazy"]["criu_port"] = True, int(res["criu_port"])
     rec["lazy"]["dump_mode"] = res.get("dump_mode", "splice")
     if res.get("prefetch"):
         rec["lazy"]["prefetch"] = {"source": "sending"}  # the pages phase puts the source's last word here
@@ -62,7 +68,8 @@ def undo_lazy_checkpoint(ctx: Ctx) -> str:
     rec = ctx.rec
     cancel_speculation(ctx)
     src = ctx.agent(rec["source"] or "")
-    res = src.post(f"/v1/checkpoints/{rec['id']}/abort-lazy", {"port": (rec.get("lazy") or {}).get("port")})
+    lazy = rec.get("lazy") or {}
+    res = src.post(f"/v1/checkpoints/{rec['id']}/abort-lazy", {k: lazy.get(k) for k in ("port", "relay", "criu_port")})
     src.delete(f"/v1/checkpoints/{rec['id']}")
     c = {x["name"]: x for x in src.get("/v1/containers")}.get(rec["container"])
     if not c or c["state"] != "running":
@@ -96,9 +103,12 @@ def lazy_restore(ctx: Ctx) -> None:
             # off only to measure what the waker saves (runtime/uffd.py)
             "wake_faults": os.environ.get("PODMIGRATE_LAZY_WAKE", "1") != "0",
             **ctx.criu_tls(),
+            **(ctx.seal() if rec["lazy"].get("relay") else {}),
         },
     )
-    if "criu_tls" in res:  # from here on the copy fetches its pages from the source's CRIU, so connected
+    if res.get("relay"):  # from here on the copy fetches its pages from the source, so connected
+        rec["security"]["pages"] = "sealed relay"
+    elif "criu_tls" in res:
         rec["security"]["pages"] = "criu tls" if res["criu_tls"] else "plain"
     rec["lazy"]["wake_faults"] = res.get("wake_faults", False)
     if rec["lazy"].get("prefetch"):
@@ -124,6 +134,9 @@ def lazy_pages(ctx: Ctx) -> None:
             lazy["source_rc"], lazy["daemon_rc"], lazy["all_pages_at"] = src.get("rc"), dst.get("rc"), time.time()
             if target.get("waker"):
                 lazy["waker"] = target["waker"]
+            if relayed := src.get("relay"):  # the source's end: the pages out, the daemon's requests in
+                moved = relayed["bytes"]
+                lazy["relay_bytes"] = {"pages": moved.get("pages-answers", 0), "requests": moved.get("pages", 0)}
             if lazy.get("prefetch") and status.get("prefetch"):  # what the source read and sent
                 lazy["prefetch"].update({k: v for k, v in status["prefetch"].items() if k != "state"})
                 lazy["prefetch"]["source"] = status["prefetch"].get("state")
