@@ -163,11 +163,8 @@ class Hosts:
     def status(self) -> dict[str, dict[str, Any]]:
         """Each host's agent's answer to ``/v1/info`` (its runtime and CRIU), and the static router's,
         or why it gave none."""
-        machines = [(h.name, h.address) for h in self.inv.hosts]
-        if self.inv.router_address:
-            machines.append((ROUTER, self.inv.router_address))
         got: dict[str, dict[str, Any]] = {}
-        for name, address in machines:
+        for name, address in ((m.name, m.address) for m in self.inv.machines()):
             try:
                 with contextlib.closing(self._client(name, address, 10)) as a:
                     got[name] = {"up": True, "address": address, **a.get("/v1/info")}

@@ -55,10 +55,7 @@ def init(inv: Inventory) -> dict[str, Path]:
     ca = CA(inv.state / "pki", _label(inv))
     ca.issue(CONTROLLER)
     out: dict[str, Path] = {}
-    machines = [(h.name, h.address) for h in inv.hosts]
-    if inv.router_address:
-        machines.append((ROUTER, inv.router_address))
-    for name, address in machines:
+    for name, address in ((m.name, m.address) for m in inv.machines()):
         ident = ca.issue(name, ips=[address], file=f"host-{name}")
         d = inv.state / "bundles" / name
         d.mkdir(parents=True, exist_ok=True)

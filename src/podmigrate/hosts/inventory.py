@@ -57,6 +57,11 @@ class Inventory:
     network: str
     router_address: str | None = None  # router static: its agent's address
 
+    def machines(self) -> list[Host]:
+        """Every machine with an agent: the hosts, then the static router if the inventory names one."""
+        router = [Host(ROUTER, self.router_address)] if self.router_address else []
+        return [*self.hosts, *router]
+
     def host(self, name: str) -> Host:
         for h in self.hosts:
             if h.name == name:
