@@ -225,3 +225,50 @@ def test_a_service_that_does_not_list_the_source_is_not_handed_over(ctx: Ctx) ->
         handover.take(ctx)
     assert ours(ctx) == []  # nothing made, and the selector untouched
     assert (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"] == {"app": "web"}
+
+
+@pytest.fixture
+def stop_copy(ctx: Ctx) -> Ctx:
+    """A stop-copy migration whose Service controller empties its slice when the selector leaves the
+    source (as the EndpointSlice controller does), with no kube-proxy to wait for."""
+    ctx.spec.update(mode="stop-copy", timeouts={"checkpointSeconds": 60, "restoreSeconds": 60})
+    ctx.config = Config(poll_s=0.01, drain_s=0.0, blackout_poll_s=0.01)
+    api: FakeKubeAPI = ctx.api  # type: ignore[assignment]
+    api.before_patch = lambda path: controller_slice(api) if path == k.services(NS, "web") else None
+    return ctx
+
+
+def test_a_stop_copy_isolation_empties_the_operators_slice_and_the_cutover_lists_the_copy(stop_copy: Ctx) -> None:
+    ctx = stop_copy
+    phases.isolate(ctx)
+    (mine,) = ours(ctx)
+    assert mine["endpoints"] == []  # nothing reaches the source from here on
+    assert (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"][INSTANCE] == "handed-over-m1-id"
+    assert "isolated_at" in ctx.rec
+    ctx.rec["pod_ip"] = "10.0.1.7"
+    phases.cutover(ctx)  # one write, as soon as the copy serves: no wait for its Ready
+    (mine,) = ours(ctx)
+    assert [e["addresses"] for e in mine["endpoints"]] == [["10.0.1.7"]]
+
+
+def test_a_stop_copy_rolled_back_after_its_cutover_gives_the_source_its_services_back(stop_copy: Ctx) -> None:
+    ctx = stop_copy
+    phases.isolate(ctx)
+    ctx.rec["pod_ip"] = "10.0.1.7"
+    phases.cutover(ctx)
+    assert phases.undo_cutover(ctx) == "the Services' slices list web-src again"  # the runner's order
+    api: FakeKubeAPI = ctx.api  # type: ignore[assignment]
+    api.before_patch = lambda path: controller_slice(api, endpoint("web-src", "10.0.0.2"))
+    assert phases.undo_isolate(ctx) == "Services given back"
+    assert ours(ctx) == []  # gone once the controller's slice lists the source again
+    assert (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"] == {"app": "web"}
+
+
+def test_a_cold_isolation_moves_the_selector_and_makes_no_slice(stop_copy: Ctx) -> None:
+    ctx = stop_copy
+    ctx.spec["mode"] = "cold"
+    phases.isolate(ctx)
+    assert ours(ctx) == []
+    assert (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"][INSTANCE] == "isolated-m1-id"
+    assert phases.undo_isolate(ctx) == "restored the selectors of ['web']"
+    assert (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"] == {"app": "web"}

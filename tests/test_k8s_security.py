@@ -246,6 +246,7 @@ class FakeKubelet(BaseHTTPRequestHandler):
     directory: Path
     token: str
     calls: list[str]
+    together: threading.Barrier | None = None  # set: a checkpoint answers only while the others run
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
@@ -253,6 +254,11 @@ class FakeKubelet(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self.calls.append(self.path)
         ok = self.headers.get("Authorization") == f"Bearer {self.token}"
+        if ok and self.together is not None:
+            try:
+                self.together.wait(10)
+            except threading.BrokenBarrierError:
+                ok = False
         _, _, ns, pod, container = self.path.split("?")[0].split("/")
         out = self.directory / f"checkpoint-{pod}_{ns}-{container}-1.tar"
         if ok:
@@ -377,6 +383,16 @@ def test_the_agent_refuses_pods_outside_its_namespaces_and_pushes_outside_its_re
     mistagged = {**push, "references": {"server": f"{agent.allowed}/web:another-migration"}}
     with pytest.raises(PodmigrateError, match="not tagged with its migration's id c1"):
         c.post("/v1/images", mistagged)
+
+
+def test_the_agent_checkpoints_a_pods_containers_at_once(agent: Agent) -> None:
+    """Each kubelet checkpoint freezes its container for seconds: one after the other, the pod's
+    blackout would be their sum (the fake kubelet answers only once both are asked)."""
+    agent.kubelet.RequestHandlerClass.together = threading.Barrier(2)  # type: ignore[attr-defined]
+    body = {"namespace": "default", "pod": "web", "containers": ["server", "sidecar"], "checkpoint_id": "c9"}
+    got = agent.client().post("/v1/checkpoints", body)["archives"]
+    assert sorted(got) == ["server", "sidecar"] and all(Path(a["path"]).exists() for a in got.values())
+    assert sorted(c.split("?")[0].rsplit("/", 1)[1] for c in agent.kubelet_calls) == ["server", "sidecar"]
 
 
 def checkpointed(c: AgentClient, allowed: str, cid: str) -> dict[str, Any]:

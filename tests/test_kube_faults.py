@@ -118,7 +118,12 @@ def test_the_copy_deleted_as_it_starts_rolls_back(cluster: KubeCluster, example:
     assert w.acted.is_set() and "vanished" in st["message"], st["message"]
 
 
-def test_the_service_deleted_before_the_cutover_rolls_back(cluster: KubeCluster, example: dict[str, Any]) -> None:
+@pytest.mark.parametrize("mode", ["decoupled", "stop-copy"])
+def test_the_service_deleted_before_the_cutover_rolls_back(
+    cluster: KubeCluster, example: dict[str, Any], mode: str
+) -> None:
+    """Both hand the Service over (stop-copy empties the operator's slice at its isolation): the
+    rollback gives the source its Service's own slices back and leaves none of the operator's."""
     pod, before = serving(cluster)
 
     def delete_service(obj: dict[str, Any]) -> bool:
@@ -128,7 +133,7 @@ def test_the_service_deleted_before_the_cutover_rolls_back(cluster: KubeCluster,
         return True
 
     with Watch(cluster, ["plm", "-n", NS, "--field-selector", "metadata.name=svc-gone"], delete_service) as w:
-        st = rolled_back(cluster, migrate(cluster, plm("svc-gone", {})), pod, before, "cutover")
+        st = rolled_back(cluster, migrate(cluster, plm("svc-gone", {"mode": mode})), pod, before, "cutover")
     assert w.acted.is_set() and "heapsrv" in st["message"], st["message"]
 
 

@@ -44,6 +44,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -123,26 +124,30 @@ def build_app(
         for part in (ns, pod, *containers):  # they become a kubelet URL path
             if not _K8S_NAME.fullmatch(str(part)):
                 raise UsageError(f"not a valid namespace, pod or container name: {part!r}")
-        out: dict[str, Any] = {}
         t0 = time.time()
-        with lock:
-            for c in containers:
-                started = time.time()
-                path = kubelet.checkpoint(ns, pod, c, int(b.get("timeout", 120)))
-                # the kubelet names a path on the node; the agent sees that directory at checkpoint_dir
-                local = inside(str(checkpoint_dir / path.name))
-                if not local.exists():
-                    raise UsageError(
-                        f"the kubelet wrote {path}, but the agent does not see it at {local}",
-                        hint=f"mount the node's {CHECKPOINT_DIR} into the agent at {checkpoint_dir}",
-                    )
-                # process memory, secrets included: owner-only, whatever the kubelet's umask was
-                os.chmod(local, 0o600)
-                # named after the migration, so a repeated request (an operator that restarted) replaces
-                # the archive instead of leaking one, and an undo finds it without knowing the path
-                dest = ours(cid, c)
-                local.rename(dest)
-                out[c] = {"path": str(dest), "bytes": dest.stat().st_size, "seconds": time.time() - started}
+
+        def one(c: str) -> dict[str, Any]:
+            started = time.time()
+            path = kubelet.checkpoint(ns, pod, c, int(b.get("timeout", 120)))
+            # the kubelet names a path on the node; the agent sees that directory at checkpoint_dir
+            local = inside(str(checkpoint_dir / path.name))
+            if not local.exists():
+                raise UsageError(
+                    f"the kubelet wrote {path}, but the agent does not see it at {local}",
+                    hint=f"mount the node's {CHECKPOINT_DIR} into the agent at {checkpoint_dir}",
+                )
+            # process memory, secrets included: owner-only, whatever the kubelet's umask was
+            os.chmod(local, 0o600)
+            # named after the migration, so a repeated request (an operator that restarted) replaces
+            # the archive instead of leaking one, and an undo finds it without knowing the path
+            dest = ours(cid, c)
+            local.rename(dest)
+            return {"path": str(dest), "bytes": dest.stat().st_size, "seconds": time.time() - started}
+
+        # a pod's containers at once: each kubelet checkpoint freezes its container for seconds
+        # (containerd packs the images while it is paused), and the pod serves only when all run
+        with lock, ThreadPoolExecutor(max(1, len(containers)), "checkpoint") as pool:
+            out = dict(zip(containers, pool.map(one, containers), strict=True))  # the first error raises
         return {"archives": out, "seconds": time.time() - t0}
 
     @app.route("POST", "/v1/images")

@@ -1,5 +1,6 @@
 """A migration's Services handed from the source to the copy in one EndpointSlice write (streamed
-migrations, and decoupled ones through the kubelet).
+migrations, and decoupled and stop-copy ones through the kubelet; a stop-copy empties the slices at
+its isolation).
 
 kube-proxy (and Cilium) serve a Service from every EndpointSlice labelled with its name, whoever
 manages it. Before the freeze (``take``) the operator writes one slice of its own per Service
@@ -94,6 +95,13 @@ def take(ctx: Ctx) -> None:
             ctx.save()
     rec["handover"] = made
     set_selectors(ctx, f"handed-over-{rec['id']}")  # no pod carries it: the controller's slices empty
+
+
+def empty(ctx: Ctx) -> None:
+    """The operator's slices list no endpoint (a stop-copy's isolation: nothing reaches the source)."""
+    for names in (ctx.rec.get("handover") or {}).values():
+        for name in names:
+            ctx.api.patch(slices(ctx.ns, name), {"endpoints": []})
 
 
 def switch(ctx: Ctx, pod_ip: str) -> None:

@@ -2,11 +2,12 @@
 
 ``engine.plans`` orders them (rows ``kubernetes``); ``k8s.validate`` is the first; ``k8s.pods``
 creates and waits for pods; the node agent (``k8s.agent``, through ``k8s.agents``) checkpoints and
-packages. ``isolate`` takes the source out of its Services (their selectors then match no pod), so
-in stop-copy no request reaches it after its checkpoint; ``cutover`` pins each Service's selector to
-the copy with the ``podmigrate.io/instance`` label: one API write per Service, after which exactly
-one pod serves. Decoupled and streamed migrations hand their Services over instead (``k8s.handover``:
-the operator's EndpointSlices, taken before the checkpoint, switched to the copy at the cutover).
+packages. ``isolate`` takes the source out of its Services, so in stop-copy no request reaches it
+after its checkpoint: stop-copy hands them over (``k8s.handover``: the operator's EndpointSlices,
+emptied, then switched to the copy in one write as soon as it serves); cold moves their selectors off
+every pod, and its ``cutover`` pins each selector to the copy with the ``podmigrate.io/instance``
+label, after which exactly one pod serves. Decoupled and streamed migrations hand their Services over
+too, taken before the checkpoint and never emptied.
 ``cleanup`` deletes the source pod, the archives and the images, failures are warnings.
 """
 
@@ -46,7 +47,13 @@ def set_selectors(ctx: Ctx, instance: str | None) -> None:
 
 def isolate(ctx: Ctx) -> None:
     marks = proxies.mark(ctx)
-    set_selectors(ctx, f"isolated-{ctx.rec['id']}")  # no pod carries it: the Services go empty
+    if ctx.spec["mode"] == "stop-copy":
+        # the operator's slices, emptied: at the cutover they list the copy as soon as it serves, one
+        # write, instead of waiting for the kubelet's Ready and the controller's slice
+        handover.take(ctx)
+        handover.empty(ctx)
+    else:  # cold: a fresh pod, which the Services take in as Kubernetes always does
+        set_selectors(ctx, f"isolated-{ctx.rec['id']}")  # no pod carries it: the Services go empty
     ctx.rec["isolated_at"] = time.time()
     _wait_unserved(ctx)
     ctx.rec["proxies"] = proxies.follow(ctx, marks)  # only then does no request reach the source any more
@@ -96,6 +103,12 @@ def drain(ctx: Ctx) -> None:
 def undo_selectors(ctx: Ctx) -> str:
     set_selectors(ctx, None)
     return f"restored the selectors of {sorted(ctx.rec['services'])}"
+
+
+def undo_isolate(ctx: Ctx) -> str:
+    if "handover" in ctx.rec:  # the source, still running, back in its Services' own slices
+        return handover.release(ctx, ctx.spec["podName"], stream_phases.HANDBACK_S) or "Services given back"
+    return undo_selectors(ctx)
 
 
 def stop(ctx: Ctx) -> None:
@@ -199,6 +212,11 @@ def undo_package(ctx: Ctx) -> str:
 def restore(ctx: Ctx) -> None:
     rec = ctx.rec
     if rec.get("transport") == "stream":  # the copy exists since page-server, and serves before it is Ready
+        handover.wait_serving(ctx)
+        return
+    if "handover" in rec:  # the Services are the operator's slices: the copy is handed them once it serves
+        if ctx.api.get(k.pods(ctx.ns, rec["restored"])) is None:
+            ctx.api.create(k.pods(ctx.ns), _copy(ctx))
         handover.wait_serving(ctx)
         return
     if "isolated_at" not in rec and "handover" not in rec:
@@ -315,14 +333,14 @@ PHASES = phase_table(
     Phase(P.VALIDATE, validate),
     # stream: the copy's pod waits on the target before anything else happens to the source
     Phase(P.PAGE_SERVER, stream_phases.page_server, stream_phases.undo_page_server),
-    # isolate and cutover both undo to the selectors recorded at validate
-    Phase(P.ISOLATE, isolate, undo_selectors, undo_group="selectors"),
+    # cutover undoes first (the source back in the selectors, or in the operator's slices), then isolate
+    Phase(P.ISOLATE, isolate, undo_isolate),
     Phase(P.STOP, stop, undo_stop),
     # checkpoint and package only make copies: a failed undo there is a leftover, the pod is safe
     Phase(P.CHECKPOINT, checkpoint, undo_checkpoint, artifact=True),
     Phase(P.PACKAGE, package, undo_package, artifact=True),
     Phase(P.RESTORE, restore, undo_restore),
-    Phase(P.CUTOVER, cutover, undo_cutover, undo_group="selectors"),
+    Phase(P.CUTOVER, cutover, undo_cutover),
     Phase(P.PAGES, stream_phases.pages),  # past the commit (cutover): nothing to undo
     Phase(P.CLEANUP, cleanup),
 )
