@@ -168,7 +168,7 @@ def checkpoint(ctx: Ctx) -> None:
                 "port": out["lazy_port"]}, **sealed}  # fmt: skip
         verified = ctx.agents.call_apart(rec["target"], urls[rec["target"]], "/v1/streams/verify", done)
         return {"dump_s": round(out["seconds"], 3), "pages_bytes": 0, "rest_bytes": out["rest_bytes"],
-                "path": verified["path"], "lazy": True}  # fmt: skip
+                "path": verified["path"], "lazy": True, "prefetch": out.get("prefetch") or {}}  # fmt: skip
 
     if ctx.spec["mode"] != "decoupled":  # paused for its dump: the blackout starts here (no isolate)
         rec["frozen_at"] = time.time()

@@ -13,7 +13,8 @@ it from under its shim, whose connection then closes, and the kubelet retries th
 its whole grace period, holding up that node's other pods). Routes::
 
     POST /v1/streams/lazy             source: {checkpoint_id, container, container_id, target, rest_port,
-                                      seal} -> the relay port the target's daemon reaches, once serving
+                                      seal, prefetch_mb?} -> the relay port the target's daemon reaches,
+                                      once serving, and what of the small mappings went with the rest
     POST /v1/streams/lazy/wait        source: {checkpoint_id, container} -> every page moved, seconds, bytes
     POST /v1/streams/lazy/abort       source: {checkpoint_id} -> the dump killed, the source thawed
     POST /v1/streams/pages            target: {checkpoint_id, container} -> a streamed copy's local daemon
@@ -35,6 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
+from podmigrate.runtime import prefetch
 from podmigrate.runtime.uffd import FaultWaker
 from podmigrate.transport.pagerelay import SourceRelay, TargetRelay
 
@@ -114,9 +116,10 @@ class Lazy:
         serving = time.time()
         relay = TargetRelay(f"{cid}.{c}", key, s.address, port, 600.0, host)
         self._running[(cid, c)] = Running(proc, relay, local, node, ctr, t0, serving)
+        hot = _prefetch(local / "checkpoint", ctr, int(b.get("prefetch_mb", prefetch.DEFAULT_MB)))
         sent = s.send_rest(cid, c, key, (host, int(b["rest_port"])), node, ctr, local, there)
         return {"seconds": serving - t0, "lazy_port": relay.port, "address": s.address, "pages_bytes": 0,
-                "rest_bytes": sent}  # fmt: skip
+                "rest_bytes": sent, "prefetch": hot}  # fmt: skip
 
     def wait(self, b: dict[str, Any]) -> dict[str, Any]:
         cid, c = str(b["checkpoint_id"]), str(b["container"])
@@ -193,6 +196,22 @@ class Lazy:
             time.sleep(0.01)
         waker = FaultWaker(_Pid(int((local / "lazy-daemon.pid").read_text())))  # type: ignore[arg-type]
         self._wakers = [w for w in self._wakers if w.status()["running"]] + [waker.start()]
+
+
+def _prefetch(images: Path, ctr: str, mb: int) -> dict[str, Any]:
+    """The smallest mappings' lazy pages made present in the dump's images before the rest goes
+    (``runtime.prefetch``): the copy's first request touches them (interpreter state, arenas,
+    stacks), and each would otherwise be a fault served from here across both relays. The source is
+    frozen until its last page has moved, so what is read is what the copy would have fetched. The
+    heap stays lazy; a failure leaves the dump fully lazy, said in the result."""
+    if mb <= 0:
+        return {"bytes": 0}
+    from podmigrate.k8s.streams import container_pids  # that module builds on this one
+
+    try:
+        return prefetch.pull_hot_pages(images, container_pids(ctr)[0], mb << 20)
+    except (OSError, ValueError, RuntimeBackendError) as e:
+        return {"bytes": 0, "error": f"{type(e).__name__}: {e}"}
 
 
 def _runs(pid: int, name: bytes) -> bool:

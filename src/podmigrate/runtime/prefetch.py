@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 PAGE = 4096
+# the budget: the workload's ~16 MB of interpreter state and arenas fit, a heap of 64 MB or more stays lazy
+DEFAULT_MB = 32
 PE_PARENT, PE_LAZY, PE_PRESENT = 1, 2, 4  # criu/include/pagemap.h
 
 

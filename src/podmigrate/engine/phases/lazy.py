@@ -15,11 +15,11 @@ from podmigrate.engine.phases import segment
 from podmigrate.engine.phases.container import cancel_speculation, checkpoint_id, expect_seal, speculate
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.errors import AgentError, PodmigrateError
+from podmigrate.runtime import prefetch
 
-# the smallest mappings' pages that go beside a lazy dump (agent.node_prefetch): the workload's ~16 MB
-# of interpreter state and arenas fit, a heap of 64 MB or more stays lazy; the restore waits for them
-# at most PREFETCH_WAIT_S, then goes on fully lazy
-PREFETCH_MB = int(os.environ.get("PODMIGRATE_LAZY_PREFETCH_MB", "32"))
+# the smallest mappings' pages that go beside a lazy dump (agent.node_prefetch, runtime.prefetch's
+# budget); the restore waits for them at most PREFETCH_WAIT_S, then goes on fully lazy
+PREFETCH_MB = int(os.environ.get("PODMIGRATE_LAZY_PREFETCH_MB", str(prefetch.DEFAULT_MB)))
 PREFETCH_WAIT_S = 0.5
 AGENT_PATIENCE_S = 30.0  # how long the pages phase waits for an unreachable target agent
 _pause = time.sleep  # the pages phase's polling pause (tests make it instant)
