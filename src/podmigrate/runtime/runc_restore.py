@@ -42,18 +42,18 @@ Standard library only (it runs on the node with the system python3). Configurati
 
 from __future__ import annotations
 
-import itertools
+# The shim runs this for every runc command, two of them (a restored container's create and the
+# start before it) inside a migration's blackout: only what every command needs is imported here,
+# the rest where it is used (a third of the time a call took went to imports).
 import json
 import os
-import shutil
-import socket
-import subprocess
 import sys
-import tarfile
 import time
-from datetime import datetime
 from pathlib import Path
-from typing import Any, NoReturn
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 CONFIG = Path("/etc/podmigrate/runc-restore.json")
 DEFAULTS = {
@@ -109,9 +109,8 @@ def parse(argv: list[str]) -> tuple[list[str], str, dict[str, str | bool], str]:
 
 
 def _log_path(glob: list[str]) -> str | None:
-    for k, v in itertools.pairwise(glob):
-        if k == "--log":
-            return v
+    if "--log" in glob[:-1]:
+        return glob[glob.index("--log") + 1]
     return next((g.split("=", 1)[1] for g in glob if g.startswith("--log=")), None)
 
 
@@ -128,6 +127,8 @@ def fail(glob: list[str], state: Path, message: str) -> NoReturn:
 
 
 def note(state: Path, line: str) -> None:
+    from datetime import datetime
+
     state.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(state / "podmigrate-runc.log", "a") as f:
         f.write(f"{datetime.now().isoformat(timespec='milliseconds')} {line}\n")  # a blackout's steps are ms
@@ -173,6 +174,8 @@ def apply_rootfs_diff(src: Path, rootfs: Path) -> None:
     diff = src / "rootfs-diff.tar"
     if not diff.exists():
         return
+    import tarfile
+
     with tarfile.open(diff, "r:*") as t:  # containerd's is gzip despite the name, Podman's plain
         for m in t.getmembers():
             if m.name.startswith("/") or ".." in Path(m.name).parts:
@@ -186,6 +189,9 @@ def wait_for_stream(
     """Serve the dump's pages into ``src/checkpoint`` and wait for the agent to verify the rest;
     ``lazy``: no page server (the pages stay with the source until the copy asks), only the wait.
     ``pod_ip``: the sandbox's address, for the agent to see the copy serve before the kubelet does."""
+    import socket
+    import subprocess
+
     images = src / "checkpoint"
     images.mkdir(mode=0o700, parents=True, exist_ok=True)
     server = None
@@ -239,6 +245,8 @@ def lazy_daemon(src: Path, work: Path, criu: str, port: int | None = None) -> bo
     server wrote here (the lab engine's stream restore). It outlives this process and ends when every
     page has moved; its pid in ``lazy-daemon.pid`` (the agent wakes the faults it drops, waits for its
     end), its log beside it. False when it does not start."""
+    import subprocess
+
     remote = ["--page-server", "--address", "127.0.0.1", "--port", str(port)] if port is not None else []
     daemon = subprocess.Popen(
         [criu, "lazy-pages", *remote, "-D", str(src / "checkpoint"), "-W", str(work),
@@ -264,6 +272,8 @@ def pod_ip(spec: dict[str, Any]) -> str | None:
     )
     if not path:
         return None
+    import subprocess
+
     try:
         p = subprocess.run(["nsenter", f"--net={path}", "ip", "-j", "-4", "addr", "show", "scope", "global"],
                            capture_output=True, text=True, timeout=5)  # fmt: skip
@@ -327,6 +337,9 @@ def create(argv: list[str], glob: list[str], opts: dict[str, str | bool], cid: s
         fail(glob, state, str(e))
     if src is None:
         os.execv(cfg["runc"], [cfg["runc"], *argv])
+    import subprocess
+    import tarfile
+
     try:
         apply_rootfs_diff(src, bundle / str((spec.get("root") or {}).get("path", "rootfs")))
     except (Refused, OSError, tarfile.TarError) as e:
@@ -382,6 +395,8 @@ def main(argv: list[str]) -> int:
     if cmd == "start" and (state / cid / "restored").exists():
         return 0  # restore --detach left it running
     if cmd == "delete" and cid:
+        import shutil
+
         shutil.rmtree(state / cid, ignore_errors=True)
         for marker in (state / "once").glob(f"{cid}.*") if (state / "once").exists() else []:
             marker.unlink(missing_ok=True)  # the sandbox is gone: its restore-once markers with it
