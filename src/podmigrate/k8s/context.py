@@ -51,11 +51,12 @@ class K8sRecord(RunRecord, total=False):
     proxies: dict[str, Any]  # isolate: how long the nodes' kube-proxies took to follow (k8s.proxies)
     source_ids: dict[str, str]  # stream: the source's container ids, for ending them after a pause
     proxy_marks: dict[str, str]  # decoupled: each kube-proxy's time at the cutover, for the drain
-    handover: dict[str, list[str]]  # stream, decoupled: Service -> the operator's EndpointSlices (k8s.handover)
+    handover: dict[str, list[str]]  # all but cold: Service -> the operator's EndpointSlices (k8s.handover)
     handover_ports: list[list[dict[str, Any]]]  # their ports (the copy must accept on each)
     handover_endpoints: dict[str, list[dict[str, Any]]]  # each slice's endpoints as taken: the source's
-    pod_ip: str  # stream, decoupled: the copy's address, as its sandbox or the kubelet said
-    serving_s: float  # stream: the restore's wait until the agent saw the copy serve
+    pod_ip: str  # all but cold: the copy's address, as its sandbox or the kubelet said
+    copy_uid: str  # the copy pod's uid, as the restore saw it serve (its endpoints' targetRef)
+    serving_s: float  # all but cold: the restore's wait until the agent saw the copy serve
     cutover_at: float
     blackout_s: float
     drift_s: float

@@ -109,7 +109,8 @@ def switch(ctx: Ctx, pod_ip: str) -> None:
     rec = ctx.rec
     if not pod_ip:
         raise PodmigrateError(f"the address of {rec['restored']} is not known: its Services cannot be handed to it")
-    copy = ctx.api.get(k.pods(ctx.ns, rec["restored"])) or {}
+    # the copy's uid as the restore saw it serve: one API read less inside the blackout
+    uid = rec.get("copy_uid") or ((ctx.api.get(k.pods(ctx.ns, rec["restored"])) or {}).get("metadata") or {}).get("uid")
     endpoint = {
         "addresses": [pod_ip],
         "conditions": {"ready": True, "serving": True, "terminating": False},
@@ -118,7 +119,7 @@ def switch(ctx: Ctx, pod_ip: str) -> None:
             "kind": "Pod",
             "namespace": ctx.ns,
             "name": rec["restored"],
-            "uid": (copy.get("metadata") or {}).get("uid", ""),
+            "uid": uid or "",
         },
     }
     # a slice of a deleted Service serves nothing: the copy would take over no client
@@ -187,7 +188,7 @@ def wait_serving(ctx: Ctx) -> None:
         body = {"address": ip, "checks": checks, "timeout": 1.0}  # a short ask: the pod is looked at between
         if not ctx.agents.call(rec["target"], "/v1/serving", body).get("serving"):
             return False
-        rec["pod_ip"] = ip
+        rec["pod_ip"], rec["copy_uid"] = ip, (pod.get("metadata") or {}).get("uid", "")
         return True
 
     wait_ready(ctx, rec["restored"], ctx.spec["timeouts"]["restoreSeconds"], serving=serves)

@@ -42,8 +42,8 @@ def probe(t0, m0):
         if not head.startswith(b"HTTP/1.") or head.split()[1] != b"200":
             raise ValueError(head[:40])
         out.update(ok=True, **json.loads(body))
-    except Exception as e:
-        out.update(ok=False, error=type(e).__name__)
+    except Exception as e:  # errno tells a refusal, an unreachable address and a reset apart
+        out.update(ok=False, error=type(e).__name__, errno=getattr(e, "errno", None))
     out["dt"] = time.monotonic() - m0
     with out_lock:
         print(json.dumps(out), flush=True)
@@ -61,8 +61,8 @@ pool.shutdown(wait=True)
 @dataclass
 class Prober:
     """``with Prober(lab, host, port) as p: ...``: probes from the LAN until the block ends; then
-    ``p.samples`` (each: ``t``, ``ok``, ``dt`` and the answer's fields, or ``error``; ``port``, the
-    client's, once connected: what finds its entry in a node's conntrack table)."""
+    ``p.samples`` (each: ``t``, ``ok``, ``dt`` and the answer's fields, or ``error`` and ``errno``;
+    ``port``, the client's, once connected: what finds its entry in a node's conntrack table)."""
 
     lab: Lab
     host: str
