@@ -3,6 +3,7 @@ valid for the CRD, and the permissions the code needs granted (offline: no clust
 
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 from pathlib import Path
@@ -251,3 +252,19 @@ def test_the_config_has_the_allow_lists_and_cert_manager_makes_the_secrets_mount
     assert {"podmigrate-agent-tls", "podmigrate-operator-tls"} <= set(made)
     assert made["podmigrate-operator-tls"]["commonName"] == "podmigrate-operator"  # the agents' --client-names
     assert all(d["metadata"]["namespace"] == "podmigrate-system" for d in certs)
+
+
+def test_the_single_container_example_is_the_server_where_its_sidecar_was() -> None:
+    """``bench k8s --pod single``: one container, as the lab engine moves, behind the same Service."""
+    from podmigrate.kube.install import single_container
+
+    docs = [d for d in yaml.safe_load_all((K8S / "examples/heapsrv.yaml").read_text()) if d]
+    pod, service = (next(d for d in docs if d["kind"] == kind) for kind in ("Pod", "Service"))
+    sidecar = next(c for c in pod["spec"]["containers"] if c["name"] == "sidecar")
+    single = single_container(copy.deepcopy(docs))
+    (server,) = next(d for d in single if d["kind"] == "Pod")["spec"]["containers"]
+    assert server["name"] == "server" and server["ports"] == sidecar["ports"]
+    assert server["readinessProbe"] == sidecar["readinessProbe"]
+    assert {"name": "LISTEN", "value": "0.0.0.0:8000"} in server["env"]
+    assert next(d for d in single if d["kind"] == "Service") == service  # the Service sends where it did
+    kubernetes_validate.validate(next(d for d in single if d["kind"] == "Pod"), KUBE_VERSION, strict=True)

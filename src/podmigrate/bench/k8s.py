@@ -68,6 +68,14 @@ def ready_cluster(lab_name: str, report: Report) -> KubeCluster:
     return cluster
 
 
+POD_SHAPES = ("sidecar", "single")
+SHAPE_TEXT = {
+    "sidecar": "the heap server behind its sidecar, two containers (deploy/kubernetes/examples, the study's "
+    "shape; the lab engine's rows move one container)",
+    "single": "the heap server alone, one container, as the lab engine's rows (`bench k8s --pod single`)",
+}
+
+
 def one(cluster: KubeCluster, pod: str, method: str, heap_mb: int, index: int, port: int) -> dict[str, Any]:
     """Move ``pod`` to the other node with ``method``, probed from the LAN; the row, and the pod that
     serves after it in ``row['pod']``."""
@@ -131,8 +139,13 @@ def run(
     warmup: int = 1,
     report: Report = lambda _m: None,
     plegs: tuple[str, ...] = ("generic",),
+    pod_shape: str = "sidecar",
 ) -> dict[str, Any]:
-    """``plegs``: the kubelets' PLEG for each round of methods, interleaved (each switch restarts them)."""
+    """``plegs``: the kubelets' PLEG for each round of methods, interleaved (each switch restarts them).
+    ``pod_shape``: the example as it is (``sidecar``: the server behind its sidecar, the study's
+    shape) or its server alone (``single``: one container, as the lab engine's workload)."""
+    if pod_shape not in POD_SHAPES:
+        raise LabError(f"unknown pod shape {pod_shape!r}", hint=f"one of {', '.join(POD_SHAPES)}")
     unknown = sorted(set(methods) - set(METHODS)) + sorted(set(plegs) - set(kubelet.PLEGS))
     if unknown:
         raise LabError(f"unknown methods or PLEGs {unknown}",
@@ -143,7 +156,7 @@ def run(
     for heap in heaps:
         install.remove_example(cluster, NS)
         report(f"{heap} MB: the example pod (kube example)")
-        install.apply_example(cluster, NS, heap)
+        install.apply_example(cluster, NS, heap, sidecar=pod_shape == "sidecar")
         port = int(example.get(cluster, "service", "heapsrv", "-n", NS)["spec"]["ports"][0]["nodePort"])
         pod, index = "heapsrv", 0
         workload = f"k8sbench{heap}"
@@ -176,7 +189,7 @@ def run(
             manage.stop(cluster.lab, workload)
     install.remove_example(cluster, NS)
     cluster.set_pleg("generic", report)
-    result = summarize(rows)
+    result = {**summarize(rows), "pod_shape": pod_shape}
     (out_dir / "k8s.json").write_text(json.dumps(result, indent=2))
     return result
 
@@ -222,6 +235,8 @@ def markdown(k8s: dict[str, Any]) -> list[str]:
         "connection per probe, 1 s timeout); went back: runs in which it read an older state. "
         "The study: decoupled 1.064 s at the cutover (a prober through Cilium), stop-copy 1.878 s, "
         "cold 1.019 s, all 256 MB.",
+        "",
+        f"The example pod: {SHAPE_TEXT[k8s.get('pod_shape', 'sidecar')]}.",
         "",
         "| heap MB | method | PLEG | n | done | state kept | blackout (record) median s | client blackout median s | "
         "went back | drift median s | total median s | " + " | ".join(PHASES) + " |",

@@ -125,10 +125,26 @@ def bench_faults(ctx: click.Context, heap_mb: int, only: str | None, out_dir: st
     help="The kubelets' PLEG per round, comma-separated and interleaved: generic (a relist every second), "
     "evented (CRI events).",
 )
+@click.option(
+    "--pod",
+    "pod_shape",
+    type=click.Choice(["sidecar", "single"]),
+    default="sidecar",
+    show_default=True,
+    help="The example pod: its server behind a sidecar (the study's shape) or the server alone (one "
+    "container, like the lab engine's workload: the targets' ratios like for like).",
+)
 @click.option("--lab", "lab_name", default="k8s", show_default=True, help="A lab with containerd nodes (made if down).")
 @click.option("--out", "out_dir", type=click.Path(), default=None, help="[default: results/k8s-TIMESTAMP]")
 def bench_k8s(
-    heaps: str, runs: int, methods: str | None, warmup: int, pleg: str, lab_name: str, out_dir: str | None
+    heaps: str,
+    runs: int,
+    methods: str | None,
+    warmup: int,
+    pleg: str,
+    pod_shape: str,
+    lab_name: str,
+    out_dir: str | None,
 ) -> None:
     """The Kubernetes path: PodLiveMigrations on upstream Kubernetes in the lab (made if down), N per
     heap and method (cri and runtimeclass restore), interleaved, each probed from the LAN at 50 Hz;
@@ -143,7 +159,7 @@ def bench_k8s(
     with status("Kubernetes path") as rep:
         chosen = [m for m in methods.split(",") if m] if methods else list(k8s.METHODS)
         plegs = tuple(p for p in pleg.split(",") if p)
-        result = k8s.run(lab_name, out_path, heap_list, chosen, runs, warmup, rep, plegs)
+        result = k8s.run(lab_name, out_path, heap_list, chosen, runs, warmup, rep, plegs, pod_shape)
     report.build(out_path)
     t = Table("heap MB", "method", "PLEG", "n", "kept", "blackout s", "client s", "drift s", "total s", *k8s.PHASES)
     for row in result["table"]:

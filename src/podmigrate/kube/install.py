@@ -106,8 +106,9 @@ def uninstall(cluster: KubeCluster, report: Report = lambda _m: None) -> None:
         cluster.kubectl(["delete", "-k", str(where), "--ignore-not-found", "--wait", "--timeout=120s"], timeout=180)
 
 
-def example_manifests(cluster: KubeCluster, heap_mb: int | None = None) -> list[dict[str, Any]]:
-    """``deploy/kubernetes/examples/heapsrv.yaml`` with the lab's image (and ``heap_mb``, if given)."""
+def example_manifests(cluster: KubeCluster, heap_mb: int | None = None, sidecar: bool = True) -> list[dict[str, Any]]:
+    """``deploy/kubernetes/examples/heapsrv.yaml`` with the lab's image (and ``heap_mb``, if given);
+    without its sidecar: ``single_container``."""
     ref = image.node_reference(image.ensure_project_image(cluster.lab))
     docs = [d for d in yaml.safe_load_all((_deploy() / "examples" / "heapsrv.yaml").read_text()) if d]
     for doc in docs:
@@ -117,11 +118,29 @@ def example_manifests(cluster: KubeCluster, heap_mb: int | None = None) -> list[
             for env in c.get("env", []):
                 if heap_mb is not None and env["name"] == "HEAP_MB":
                     env["value"] = str(heap_mb)
+    return docs if sidecar else single_container(docs)
+
+
+def single_container(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The example's pod as one container, the lab engine's workload: the server listens where its
+    sidecar did, with the sidecar's port and readiness probe; the Service and budget unchanged."""
+    for doc in docs:
+        containers = doc.get("spec", {}).get("containers") or []
+        side = next((c for c in containers if c["name"] == "sidecar"), None)
+        if doc.get("kind") != "Pod" or side is None:
+            continue
+        listen = next(e["value"] for e in side["env"] if e["name"] == "LISTEN")
+        server = next(c for c in containers if c["name"] == "server")
+        server["env"] = [e if e["name"] != "LISTEN" else {"name": "LISTEN", "value": listen} for e in server["env"]]
+        server["ports"], server["readinessProbe"] = side["ports"], side["readinessProbe"]
+        doc["spec"]["containers"] = [server]
     return docs
 
 
-def apply_example(cluster: KubeCluster, namespace: str = "default", heap_mb: int | None = None) -> None:
-    items = example_manifests(cluster, heap_mb)
+def apply_example(
+    cluster: KubeCluster, namespace: str = "default", heap_mb: int | None = None, sidecar: bool = True
+) -> None:
+    items = example_manifests(cluster, heap_mb, sidecar)
     cluster.kubectl(["-n", namespace, "apply", "-f", "-"],
                     input=json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))  # fmt: skip
 

@@ -93,4 +93,8 @@ class Handler(BaseHTTPRequestHandler):
 signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
 threading.Thread(target=tick, daemon=True).start()
 ThreadingHTTPServer.daemon_threads = True
+# socketserver listens with a backlog of 5: the clients that queued while a checkpoint froze the
+# process (the kubelet's freezes it for seconds) overflowed it once it ran again, and every other new
+# connection waited for a SYN retransmit (1 s) for a second or more. 128 is socket.listen()'s own default.
+ThreadingHTTPServer.request_queue_size = 128
 ThreadingHTTPServer((HOST, int(PORT)), Handler).serve_forever()
