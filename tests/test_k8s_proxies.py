@@ -56,7 +56,7 @@ def _go(t: datetime) -> str:
 def ctx(events: list[str]) -> Any:
     node = {"status": {"addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}}
     api = SimpleNamespace(list=lambda path, **kw: [node])
-    config = SimpleNamespace(blackout_poll_s=0.01, drain_s=0.05)
+    config = SimpleNamespace(blackout_poll_s=0.01, drain_s=0.05, proxy_min_sync_s=0.5)
     return SimpleNamespace(api=api, config=config, event=lambda kind, reason, msg: events.append(reason))
 
 
@@ -86,3 +86,21 @@ def test_a_proxy_that_never_syncs_is_reported_and_none_at_all_gets_a_fixed_wait(
     assert proxies.mark(ctx(events)) == {}  # nothing answers on that port any more
     got = proxies.follow(ctx(events), {}, timeout=0.3)
     assert got["proxies"] == 0 and got["how"] == "fixed wait (no kube-proxy healthz)"
+
+
+@pytest.mark.parametrize("skew", [timedelta(hours=-1), timedelta(hours=1)])
+def test_the_freeze_waits_until_the_proxy_may_write_again(monkeypatch, skew):
+    """A change written just before the freeze holds back the cutover's write by minSyncPeriod; settle
+    returns once the proxy wrote the change and its last write is that old (0.5 s here)."""
+    fake = FakeProxyHealthz(skew)
+    monkeypatch.setattr(proxies, "HEALTHZ_PORT", fake.port)
+    events: list[str] = []
+    marks = proxies.mark(ctx(events))
+    fake.queued = True
+    threading.Timer(0.2, fake.sync).start()
+    got = proxies.settle(ctx(events), marks, timeout=5)
+    assert got["proxies"] == 1 and got["behind"] == []
+    age = (fake.now() - fake.written).total_seconds()
+    assert age >= 0.5 and got["seconds"] >= 0.65, (age, got)
+    assert proxies.settle(ctx(events), {}, timeout=5) == {"proxies": 0, "seconds": 0.0}  # no kube-proxy: no wait
+    fake.server.shutdown()

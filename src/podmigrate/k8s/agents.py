@@ -32,6 +32,8 @@ class Config:
     blackout_poll_s: float = 0.05
     # where no kube-proxy healthz answers: how long the Services proxies are given to follow (k8s.proxies)
     drain_s: float = 2.0
+    # kube-proxy's minSyncPeriod (its default): a cutover within this of its last write waits for the rest
+    proxy_min_sync_s: float = 1.0
     allowed_registries: tuple[str, ...] = ()  # empty: only ``registry``
     namespaces: tuple[str, ...] = ()  # empty: every namespace
     # mutual TLS to the agents: the CA that signed their certificates, and the operator's own

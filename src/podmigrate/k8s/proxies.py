@@ -69,6 +69,32 @@ def follow(ctx: Ctx, marks: dict[str, str], timeout: float = 5.0) -> dict[str, A
     return {"proxies": len(marks), "behind": sorted(pending), "seconds": round(time.monotonic() - t0, 3)}
 
 
+def settle(ctx: Ctx, marks: dict[str, str], timeout: float = 5.0) -> dict[str, Any]:
+    """Before a freeze that a Service change (``marks`` taken before it) came just ahead of: once every
+    kube-proxy has written that change, until its last write is ``proxy_min_sync_s`` old. kube-proxy
+    writes rules at most once per minSyncPeriod, so a cutover sooner than that after the last write
+    would reach the clients only when the period is over, inside the blackout; here it costs the
+    migration's time instead. Nothing waits where no kube-proxy answers."""
+    t0 = time.monotonic()
+    if not marks:
+        return {"proxies": 0, "seconds": 0.0}
+    followed = follow(ctx, marks, timeout)
+    while time.monotonic() - t0 < timeout:
+        ages = [_age(h) for ip in marks if (h := _healthz(ip)) is not None]
+        if all(a >= ctx.config.proxy_min_sync_s for a in ages):
+            break
+        time.sleep(max(0.01, ctx.config.proxy_min_sync_s - min(ages)))
+    return {**followed, "seconds": round(time.monotonic() - t0, 3)}
+
+
+def _age(h: dict[str, Any]) -> float:
+    """Seconds since the proxy last wrote its rules (any address family), on its own clock."""
+    wrote = [_time(f["lastUpdated"]) for f in (h.get("status") or {}).values() if f.get("lastUpdated")]
+    if not wrote or not h.get("currentTime"):
+        return float("inf")
+    return (_time(h["currentTime"]) - max(wrote)).total_seconds()
+
+
 def _after(h: dict[str, Any], mark: datetime) -> bool:
     """Whether the proxy wrote its rules (for any address family) after ``mark``, on its own clock, and
     has no change queued (its top-level lastUpdated is then its current time)."""

@@ -21,7 +21,7 @@ from typing import Any
 
 from podmigrate.errors import PodmigrateError
 from podmigrate.k8s import api as k
-from podmigrate.k8s import handover
+from podmigrate.k8s import handover, proxies
 from podmigrate.k8s.context import Ctx
 from podmigrate.k8s.pods import pod_copy, wait_gone
 from podmigrate.k8s.runtimes import RUNTIME_CLASS
@@ -45,7 +45,8 @@ def node_ip(ctx: Ctx, node: str) -> str:
 
 def page_server(ctx: Ctx) -> None:
     rec = ctx.rec
-    # first: the proxies' sync for it is then a second behind by the cutover (kube-proxy's minSyncPeriod)
+    # first: the proxies' sync for it is then behind by the cutover (kube-proxy's minSyncPeriod; settled below)
+    marks = proxies.mark(ctx)
     handover.take(ctx)
     out = ctx.agents.call(rec["target"], "/v1/streams", {"checkpoint_id": rec["id"], "containers": rec["containers"]})
     rec["restore_dirs"] = out["restores"]
@@ -59,6 +60,7 @@ def page_server(ctx: Ctx) -> None:
     rec["stream_ports"] = {
         first: _listen(ctx, first, **pages)
     }  # returns once that container waits with its page server
+    rec["proxies"] = proxies.settle(ctx, marks)  # the cutover's rules then written at once
 
 
 def _reserve(ctx: Ctx) -> None:
