@@ -8,11 +8,12 @@ import http.server
 import socket
 import threading
 from collections.abc import Iterator
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from podmigrate.errors import PodmigrateError
+from podmigrate.errors import PodmigrateError, UsageError
 from podmigrate.k8s import api as k
 from podmigrate.k8s import handover, phases, serving
 from podmigrate.k8s.agents import Config
@@ -272,3 +273,25 @@ def test_a_cold_isolation_moves_the_selector_and_makes_no_slice(stop_copy: Ctx) 
     assert (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"][INSTANCE] == "isolated-m1-id"
     assert phases.undo_isolate(ctx) == "restored the selectors of ['web']"
     assert (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"] == {"app": "web"}
+
+
+def test_an_agent_that_cannot_check_the_copy_leaves_the_cutover_to_the_kubelets_ready(ctx: Ctx) -> None:
+    """One of an older podmigrate (no /v1/serving): asked once, said in an Event, then Ready decides."""
+    asked: list[str] = []
+    events: list[str] = []
+
+    def refuse(node: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        asked.append(path)
+        raise UsageError(f"agent {node} has no POST {path}")
+
+    ctx.agents = SimpleNamespace(call=refuse)  # type: ignore[assignment]
+    ctx.event = lambda kind, reason, msg: events.append(reason)
+    ctx.spec["timeouts"] = {"restoreSeconds": 10}
+    ctx.rec["containers"], ctx.rec["handover_ports"] = ["server"], [PORTS]
+    copy = ctx.api.objects[k.pods(NS, "web-copy")]  # type: ignore[attr-defined]
+    copy.update(spec={"containers": [{"name": "server"}]}, status={"phase": "Running", "podIP": "10.0.1.7"})
+    ready = {"type": "Ready", "status": "True"}
+    threading.Timer(0.3, lambda: copy["status"].update(conditions=[ready])).start()
+    handover.wait_serving(ctx)
+    assert ctx.rec["pod_ip"] == "10.0.1.7" and "serving_s" not in ctx.rec
+    assert asked == ["/v1/serving"] and events == ["NoServingCheck"]

@@ -213,7 +213,7 @@ def build_app(
         restores.routes(app, policy)
     if streams is not None:
         streams.routes(app)
-        serving.routes(app)  # a streamed copy's readiness, checked here before the kubelet's
+    serving.routes(app)  # whether a copy serves, checked here before the kubelet's Ready (every mode but cold)
     return app
 
 

@@ -179,14 +179,21 @@ def wait_serving(ctx: Ctx) -> None:
     first = rec["containers"][0]
     said_ip = ((rec.get("stream_ports") or {}).get(first) or {}).get("pod_ip")
     t0 = time.time()
+    agent_checks = [True]
 
     def serves(pod: dict[str, Any]) -> bool:
         ip = said_ip or (pod.get("status") or {}).get("podIP")
         checks = _checks(pod, rec.get("handover_ports") or [])
-        if not ip or not checks:  # nothing to run here: the kubelet's Ready decides
+        if not ip or not checks or not agent_checks[0]:  # nothing to run here: the kubelet's Ready decides
             return False
         body = {"address": ip, "checks": checks, "timeout": 1.0}  # a short ask: the pod is looked at between
-        if not ctx.agents.call(rec["target"], "/v1/serving", body).get("serving"):
+        try:
+            got = ctx.agents.call(rec["target"], "/v1/serving", body)
+        except PodmigrateError as e:  # an agent that cannot check (one of an older podmigrate): Ready decides
+            agent_checks[0] = False
+            ctx.event("Warning", "NoServingCheck", f"the agent on {rec['target']} did not check the copy: {e.message}")
+            return False
+        if not got.get("serving"):
             return False
         rec["pod_ip"], rec["copy_uid"] = ip, (pod.get("metadata") or {}).get("uid", "")
         return True
