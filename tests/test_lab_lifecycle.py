@@ -70,7 +70,7 @@ def test_lab_up_then_down_leaves_no_namespace_mount_process_cgroup_or_file_of_it
     alone_before, before = not tunables.users(is_up), [sysctl(p) for p in settings]
     st = the_lab.up(nodes=2)
     assert st["up"] and [n["name"] for n in st["nodes"]] == ["node-a", "node-b"]
-    assert all("criu" in n["agent"] for n in st["nodes"])
+    assert all("criu" in n["agent"] for n in st["nodes"]), [(n["name"], n["agent"]) for n in st["nodes"]]
     # something real to clean up: a running workload with overlay mounts, conmon and a route
     manage.start(the_lab, "life", "node-b", 16)
     assert lab_processes(the_lab)
