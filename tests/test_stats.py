@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -97,3 +98,14 @@ def test_a_damaged_results_directory_is_a_clear_error_not_a_traceback(tmp_path, 
     said = " ".join(p.stderr.split())  # the console wraps long lines at its width
     assert p.returncode == 1 and message in said and "Traceback" not in p.stderr, p.stderr
     assert "delete that line" in said or "suite's results directory" in said
+
+
+def test_a_kubernetes_run_alone_is_reported_without_the_suites_empty_sections(tmp_path):
+    """bench k8s writes no machine.json and no suite: no 'Machine: None cores', no empty tables."""
+    from podmigrate.bench import report
+
+    (tmp_path / "k8s.json").write_text(json.dumps({"table": [], "targets": [], "pod_shape": "single"}))
+    report.build(tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert "## The Kubernetes path" in md and "the heap server alone, one container" in md
+    assert "Machine:" not in md and "## Blackout per group" not in md and "## Checks" not in md

@@ -105,15 +105,65 @@ def _f(x: Any, digits: int = 3) -> str:
 
 def markdown(r: dict[str, Any], plots: list[Path]) -> str:
     m = r["machine"]
+    lines = ["# podmigrate report"]
+    if m:  # recorded by the suite and the engine benchmark; bench k8s and evacuate write none
+        lines += [
+            "",
+            f"Machine: {m.get('cores')} cores, {m.get('memory_gib')} GiB, kernel {m.get('kernel')}, "
+            f"CRIU {m.get('criu')}, Podman {m.get('podman')}, runc {m.get('runc')}"
+            + (f"; heap {m['heap_mb']} MB" if m.get("heap_mb") else "")
+            + (f"; guest memory warmed: {w['gib']} GiB" if (w := m.get("guest_memory_warmup")) else "")
+            + ".",
+        ]
+    if r["groups"]:  # the suite's sections, only where a suite ran
+        lines += ["", *_suite(r)]
+    if r["spot_budget"]:
+        lines += [
+            "",
+            "## Spot-deadline budget (worst-case detection 5 s + stop-copy source-side work)",
+            "",
+            "| deadline | used | share | fits |",
+            "|---|---|---|---|",
+        ]
+        for b in r["spot_budget"]:
+            lines.append(f"| {b['deadline']} | {b['used_s']} s | {b['share']:.1%} | {b['fits']} |")
+    if r["engine"]:
+        lines += [
+            "",
+            "## Engine benchmark (medians)",
+            "",
+            "| heap MB | method | n | blackout s | at cutover s |",
+            "|---|---|---|---|---|",
+        ]
+        for e in r["engine"]:
+            lines.append(
+                f"| {e['heap_mb']} | {e['method']} | {e['n']} | {e['blackout_s']} | {_f(e.get('blackout_cutover_s'))} |"
+            )
+        lines += breakdown.markdown(r["engine"], r.get("engine_ratios") or []).splitlines()
+    if r.get("k8s"):
+        lines += ["", *k8s.markdown(r["k8s"])]
+    if r.get("evacuation"):
+        lines += ["", "## Evacuating a node (`podmigrate bench evacuate`)", "", evacuate.markdown(r["evacuation"])]
+    lines += study_markdown(r["study_tables"])
+    q = r["quality"]
+    if r["groups"]:  # the suite's own checks (the other benchmarks state theirs in their sections)
+        lines += [
+            "",
+            "## Checks",
+            "",
+            f"- heap digest mismatches: {q['heap_digest_mismatches']}",
+            f"- counter went backwards (stop-copy/lazy, where it must not): "
+            f"{q['counter_went_backwards_outside_cold_or_decoupled']}",
+            f"- prober's worst scheduling error: {fmt(q['prober_schedule_error_max_s'])} s",
+        ]
+    lines.append("")
+    lines += [f"![{p.stem}]({p.name})" for p in plots]
+    return "\n".join(lines) + "\n"
+
+
+def _suite(r: dict[str, Any]) -> list[str]:
+    """The suite's sections: the blackout's definition, its groups, each mode against cold, the study."""
     lines = [
-        "# podmigrate report",
-        "",
-        f"Machine: {m.get('cores')} cores, {m.get('memory_gib')} GiB, kernel {m.get('kernel')}, "
-        f"CRIU {m.get('criu')}, Podman {m.get('podman')}, runc {m.get('runc')}"
-        + (f"; heap {m['heap_mb']} MB" if m.get("heap_mb") else "")
-        + (f"; guest memory warmed: {w['gib']} GiB" if (w := m.get("guest_memory_warmup")) else "")
-        + ".",
-        "",
         "## Definition",
         "",
         DEFINITION,
@@ -150,47 +200,7 @@ def markdown(r: dict[str, Any], plots: list[Path]) -> str:
     lines += ["", "## Beside the study", "", "| metric | study | ours | ours / study |", "|---|---|---|---|"]
     for s in r["study_side_by_side"]:
         lines.append(f"| {s['metric']} | {s['study_s']} s | {s['ours_s']} s | {s['ratio']} |")
-    if r["spot_budget"]:
-        lines += [
-            "",
-            "## Spot-deadline budget (worst-case detection 5 s + stop-copy source-side work)",
-            "",
-            "| deadline | used | share | fits |",
-            "|---|---|---|---|",
-        ]
-        for b in r["spot_budget"]:
-            lines.append(f"| {b['deadline']} | {b['used_s']} s | {b['share']:.1%} | {b['fits']} |")
-    if r["engine"]:
-        lines += [
-            "",
-            "## Engine benchmark (medians)",
-            "",
-            "| heap MB | method | n | blackout s | at cutover s |",
-            "|---|---|---|---|---|",
-        ]
-        for e in r["engine"]:
-            lines.append(
-                f"| {e['heap_mb']} | {e['method']} | {e['n']} | {e['blackout_s']} | {_f(e.get('blackout_cutover_s'))} |"
-            )
-        lines += breakdown.markdown(r["engine"], r.get("engine_ratios") or []).splitlines()
-    if r.get("k8s"):
-        lines += ["", *k8s.markdown(r["k8s"])]
-    if r.get("evacuation"):
-        lines += ["", "## Evacuating a node (`podmigrate bench evacuate`)", "", evacuate.markdown(r["evacuation"])]
-    lines += study_markdown(r["study_tables"])
-    q = r["quality"]
-    lines += [
-        "",
-        "## Checks",
-        "",
-        f"- heap digest mismatches: {q['heap_digest_mismatches']}",
-        f"- counter went backwards (stop-copy/lazy, where it must not): "
-        f"{q['counter_went_backwards_outside_cold_or_decoupled']}",
-        f"- prober's worst scheduling error: {fmt(q['prober_schedule_error_max_s'])} s",
-        "",
-    ]
-    lines += [f"![{p.stem}]({p.name})" for p in plots]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def html(md: str, plots: list[Path]) -> str:
