@@ -10,8 +10,7 @@ The rules, in one place:
 - each phase's ``do`` runs once; the record is saved when it starts and when it ends;
 - a failure before the commit undoes every phase that started, newest first, saving after each
   undo under status ``rolling_back``, so that a controller that dies half-way leaves a rollback
-  for the next one to finish (a successful undo is never run twice; phases of one ``undo_group``
-  restore the same thing and are undone once);
+  for the next one to finish (a successful undo is never run twice);
 - an undo that only deletes a copy (``artifact``) and fails leaves a leftover, the workload is safe;
   any other failed undo makes the status ``failed``: the workload's placement is uncertain;
 - after the commit nothing is undone: a failure is finished forward or stops, as the controller
@@ -39,7 +38,6 @@ class Phase(Generic[C]):
     do: Callable[[C], None]
     undo: Callable[[C], str] | None = None  # works from the record alone (a later process runs it); idempotent
     artifact: bool = False  # its undo only deletes a copy: a failed undo leaves a leftover, not a risk
-    undo_group: str | None = None  # phases whose undos put back the same thing: undone once
 
 
 def as_error(e: BaseException) -> PodmigrateError:
@@ -193,9 +191,6 @@ class Runner(Generic[C]):
             undone = {r["phase"] for r in rec["rollbacks"] if r.get("ok")}
             if phase.name.value in undone:
                 continue  # a resumed rollback: done before the last controller died
-            group = {p.name.value for p in impls.values() if phase.undo_group and p.undo_group == phase.undo_group}
-            if group & undone:
-                continue
             result: Rollback
             try:
                 result = {"phase": phase.name.value, "ok": True, "did": self.undo(phase), "at": time.time()}

@@ -219,7 +219,7 @@ def restore(ctx: Ctx) -> None:
             ctx.api.create(k.pods(ctx.ns), _copy(ctx))
         handover.wait_serving(ctx)
         return
-    if "isolated_at" not in rec and "handover" not in rec:
+    if "isolated_at" not in rec:
         # make-before-break: pin the Services to the source first, or the copy would join them (and two
         # pods serve) as soon as it is ready, before the cutover chose it
         src = ctx.spec["podName"]
