@@ -200,8 +200,10 @@ def test_a_service_deleted_before_the_switch_is_refused_and_released_without_wai
     del ctx.api.objects[k.services(NS, "web")]  # type: ignore[attr-defined]
     with pytest.raises(PodmigrateError, match=r"Services \['web'\] were deleted during the migration"):
         handover.switch(ctx, "10.0.1.7")
+    # asked after the switch (off the blackout): the cutover's undo lists the source again
+    assert phases.undo_cutover(ctx) == "the Services' slices list web-src again"
     (mine,) = ours(ctx)
-    assert [e["addresses"] for e in mine["endpoints"]] == [["10.0.0.2"]]  # not switched
+    assert [e["addresses"] for e in mine["endpoints"]] == [["10.0.0.2"]]
     # the rollback: no controller will list the source for a Service that is gone; nothing waits for it
     controller_slice(ctx.api, endpoint("web-src", "10.0.0.2", ready=False))  # type: ignore[arg-type]
     assert handover.release(ctx, "web-src", 60.0) is None
@@ -295,3 +297,38 @@ def test_an_agent_that_cannot_check_the_copy_leaves_the_cutover_to_the_kubelets_
     handover.wait_serving(ctx)
     assert ctx.rec["pod_ip"] == "10.0.1.7" and "serving_s" not in ctx.rec
     assert asked == ["/v1/serving"] and events == ["NoServingCheck"]
+
+
+def test_a_streamed_copy_is_asked_of_its_agent_before_any_read_of_its_pod(ctx: Ctx) -> None:
+    """The sandbox said the copy's address and its uid is known from its creation: the agent runs
+    the source's probes there at once, and the pod is never read inside the blackout."""
+    asked: list[dict[str, Any]] = []
+    api: FakeKubeAPI = ctx.api  # type: ignore[assignment]
+    reads: list[str] = []
+    real_get = api.get
+
+    def get(path: str) -> dict[str, Any] | None:
+        reads.append(path)
+        return real_get(path)
+
+    api.get = get  # type: ignore[method-assign]
+
+    def serving(node: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        asked.append({"node": node, "path": path, **body})
+        return {"serving": True, "seconds": 0.01}
+
+    ctx.agents = SimpleNamespace(call=serving)  # type: ignore[assignment]
+    probe = {"httpGet": {"port": "http", "path": "/healthz"}}
+    server = {"name": "server", "ports": [{"name": "http", "containerPort": 8000}], "readinessProbe": probe}
+    ctx.rec["containers"], ctx.rec["handover_ports"], ctx.rec["copy_uid"] = ["server"], [PORTS], "u-copy"
+    ctx.rec["source_pod"] = {"metadata": {"name": "web-src"}, "spec": {"containers": [server]}}
+    ctx.rec["stream_ports"] = {"server": {"pod_ip": "10.0.1.7"}}
+    handover.wait_serving(ctx)
+    assert ctx.rec["pod_ip"] == "10.0.1.7" and "serving_s" in ctx.rec
+    assert reads == []
+    (ask,) = asked
+    assert ask["node"] == "node-b" and ask["address"] == "10.0.1.7"
+    assert ask["checks"] == [
+        {"port": 8000, "path": "/healthz", "scheme": "HTTP", "headers": []},
+        {"port": 8000},
+    ]

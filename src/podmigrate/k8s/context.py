@@ -6,14 +6,16 @@ PodLiveMigration and runs it with ``engine.runner``; ``k8s.operator`` builds it 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from podmigrate.engine.record import RunRecord
 from podmigrate.errors import PodmigrateError
 from podmigrate.k8s import api as k
 from podmigrate.k8s.agents import Agents, Config
+from podmigrate.k8s.statuswriter import StatusWriter
 
 INSTANCE = "podmigrate.io/instance"
 LOCK = "podmigrate.io/migration"
@@ -55,7 +57,7 @@ class K8sRecord(RunRecord, total=False):
     handover_ports: list[list[dict[str, Any]]]  # their ports (the copy must accept on each)
     handover_endpoints: dict[str, list[dict[str, Any]]]  # each slice's endpoints as taken: the source's
     pod_ip: str  # all but cold: the copy's address, as its sandbox or the kubelet said
-    copy_uid: str  # the copy pod's uid, as the restore saw it serve (its endpoints' targetRef)
+    copy_uid: str  # the copy pod's uid, as created or as the restore saw it serve (its endpoints' targetRef)
     serving_s: float  # all but cold: the restore's wait until the agent saw the copy serve
     cutover_at: float
     blackout_s: float
@@ -73,9 +75,17 @@ class StatusStore:
     api: k.KubeAPI
     ns: str
     name: str
+    writes: StatusWriter | None = None
+    deferred: Callable[[], bool] = lambda: False  # whether a write now goes to ``writes`` (k8s.statuswriter)
 
     def save(self, rec: K8sRecord, **status: Any) -> None:
-        self.api.patch(k.migrations(self.ns, self.name, status=True), {"status": {"record": rec, **status}})
+        body = {"record": rec, **status}
+        if self.writes is not None and self.deferred():
+            self.writes.put(json.loads(json.dumps(body)))  # as it is now: the record changes on
+            return
+        if self.writes is not None:
+            self.writes.flush()  # a failed one among them: this write carries the whole record again
+        self.api.patch(k.migrations(self.ns, self.name, status=True), {"status": body})
 
 
 @dataclass
@@ -89,10 +99,29 @@ class Ctx:
     rec: K8sRecord
     event: Event
     on_phase: Callable[[str, float], None] = lambda _p, _s: None
+    _writes: StatusWriter | None = field(default=None, init=False, repr=False)
+
+    @property
+    def writes(self) -> StatusWriter:
+        if self._writes is None:
+            self._writes = StatusWriter(self.api, k.migrations(self.ns, self.name, status=True))
+        return self._writes
 
     @property
     def store(self) -> StatusStore:
-        return StatusStore(self.api, self.ns, self.name)
+        return StatusStore(self.api, self.ns, self.name, self.writes, self.in_blackout)
+
+    def in_blackout(self) -> bool:
+        """The source frozen or out of its Services, the copy not yet in them: the status is written
+        off this path (``k8s.statuswriter``)."""
+        rec = self.rec
+        stopped = "frozen_at" in rec or "isolated_at" in rec
+        return rec.get("status") == "running" and stopped and "cutover_at" not in rec
+
+    def flush(self) -> None:
+        """Every status write made: before the API client closes."""
+        if self._writes is not None:
+            self._writes.flush()
 
     def save(self, **public: Any) -> None:
         """Write the record and the public status fields in one status patch."""
@@ -102,6 +131,10 @@ class Ctx:
         return self.api.get(k.migrations(self.ns, self.name))
 
     def check_cancelled(self) -> None:
+        if self.in_blackout():  # no read inside it: the last status write's answer says
+            if self.writes.deleting:
+                raise Cancelled(f"PodLiveMigration {self.name} was deleted while it ran")
+            return
         obj = self.plm()
         if obj is None or obj["metadata"].get("deletionTimestamp"):
             raise Cancelled(f"PodLiveMigration {self.name} was deleted while it ran")

@@ -162,7 +162,10 @@ def session(
         ctx = controller.Ctx(api, agents, cfg, namespace, name, spec, rec, event)
         if on_phase:
             ctx.on_phase = on_phase
-        yield ctx
+        try:
+            yield ctx
+        finally:
+            ctx.flush()
     finally:
         agents.close()
         api.close()

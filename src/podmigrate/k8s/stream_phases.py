@@ -53,7 +53,8 @@ def page_server(ctx: Ctx) -> None:
     ctx.save()
     _reserve(ctx)
     if ctx.api.get(k.pods(ctx.ns, rec["restored"])) is None:
-        ctx.api.create(k.pods(ctx.ns), _copy(ctx))
+        made = ctx.api.create(k.pods(ctx.ns), _copy(ctx))
+        rec["copy_uid"] = str((made.get("metadata") or {}).get("uid") or "")
     first = rec["containers"][0]
     # lazy: no page server in the copy (its pages are fetched as it runs), but it waits all the same
     pages = {"pages": False, "wait": True} if ctx.spec["mode"] == "lazy" else {}
@@ -165,12 +166,20 @@ def checkpoint(ctx: Ctx) -> None:
     def lazy(c: str, listened: dict[str, Any]) -> dict[str, Any]:
         body = {"checkpoint_id": rec["id"], "container": c, "container_id": ids[c], "target": listened["address"],
                 "rest_port": listened["rest_port"], "pause": True, **sealed}  # fmt: skip
+        t0 = time.time()
         out = ctx.agents.call_apart(rec["source"], urls[rec["source"]], "/v1/streams/lazy", body)
+        t1 = time.time()
         done = {"checkpoint_id": rec["id"], "container": c, "lazy": {"address": out["address"],
                 "port": out["lazy_port"]}, **sealed}  # fmt: skip
         verified = ctx.agents.call_apart(rec["target"], urls[rec["target"]], "/v1/streams/verify", done)
+        steps = {
+            **(out.get("steps") or {}),
+            "source_call": round(t1 - t0, 4),
+            "verify_call": round(time.time() - t1, 4),
+        }
         return {"dump_s": round(out["seconds"], 3), "pages_bytes": 0, "rest_bytes": out["rest_bytes"],
-                "path": verified["path"], "lazy": True, "prefetch": out.get("prefetch") or {}}  # fmt: skip
+                "path": verified["path"], "lazy": True, "prefetch": out.get("prefetch") or {},
+                "steps": steps}  # fmt: skip
 
     if ctx.spec["mode"] != "decoupled":  # paused for its dump: the blackout starts here (no isolate)
         rec["frozen_at"] = time.time()
