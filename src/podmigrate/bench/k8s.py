@@ -42,7 +42,14 @@ KUBE_METHODS = (
 )  # fmt: skip
 METHODS = (*KUBE_METHODS, *k8s_targets.ENGINE)
 CUTOVER_WINDOW_S = 1.0  # failed probes from this long before the Service switch count as at the cutover
-MARKS = ("isolated_at", "frozen_at", "checkpointed_at", "cutover_at")  # the record's times, beside the probes
+MARKS = (
+    "isolated_at",
+    "frozen_at",
+    "checkpointed_at",
+    "cutover_at",
+    "serving_s",
+    "stream",
+)  # the record's times, beside the probes
 NS = "default"
 
 

@@ -33,6 +33,7 @@ import tarfile
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -41,6 +42,7 @@ from podmigrate.agent.http import App
 from podmigrate.agent.memory import Reservations
 from podmigrate.errors import RuntimeBackendError, TransportError, UsageError
 from podmigrate.k8s.restores import VERIFIED, Restores, _unpack
+from podmigrate.k8s.rootfs import rootfs_diff
 from podmigrate.k8s.streams_lazy import Lazy
 from podmigrate.transport.pagerelay import SourceRelay, TargetRelay
 
@@ -93,13 +95,13 @@ def rss(cid: str, proc: Path = Path("/proc")) -> int:
     return total
 
 
-def _pack(out: BinaryIO, images: Path, rootfs_diff: Path | None) -> None:
+def _pack(out: BinaryIO, images: Path, diff: Path | None) -> None:
     """CRIU's images (and the root file system's changes) as a tar stream: a checkpoint sent without a
     page server carries its pages in it, so it is never held in memory whole."""
     with tarfile.open(fileobj=out, mode="w|") as t:
         t.add(images, arcname="checkpoint")
-        if rootfs_diff is not None and rootfs_diff.exists():
-            t.add(rootfs_diff, arcname="rootfs-diff.tar")
+        if diff is not None and diff.exists():
+            t.add(diff, arcname="rootfs-diff.tar")
 
 
 def _sink(listener: socket.socket, dest: Path, done: threading.Event, box: dict[str, Any]) -> None:
@@ -311,33 +313,30 @@ class Streams:
         if b.get("pause"):  # stop-copy: after its dump the source stays frozen (CRIU restores the freezer's
             # state): a request it took before its isolation is never answered from memory the copy lacks
             self._runc(node, "pause", ctr)
-        p = subprocess.run([*argv, ctr], capture_output=True, text=True, timeout=float(b.get("timeout", 600)))
-        dumped = time.time()
-        if p.returncode != 0:
-            if pages is not None:
-                pages.close()
-            raise RuntimeBackendError(
-                f"runc checkpoint of {c} failed (exit {p.returncode}): {_criu_error(work) or p.stderr.strip()[-300:]}",
-                hint="CRIU's dump.log is in the work directory while the agent runs",
-            )
-        if pages is not None and (not pages.wait(60) or pages.error):
-            raise TransportError(f"the pages of {c} did not all reach the target: {pages.error or 'timed out'}")
-        sent = self.send_rest(cid, c, key, (host, int(b["rest_port"])), node, ctr, local, there)
+        with ThreadPoolExecutor(1) as pool:
+            # a paused container writes nothing more: its root file system's changes are taken meanwhile
+            diff = pool.submit(rootfs_diff, node, ctr, local, there) if b.get("pause") else None
+            p = subprocess.run([*argv, ctr], capture_output=True, text=True, timeout=float(b.get("timeout", 600)))
+            dumped = time.time()
+            if p.returncode != 0:
+                if pages is not None:
+                    pages.close()
+                raise RuntimeBackendError(
+                    f"runc checkpoint of {c} failed (exit {p.returncode}): "
+                    f"{_criu_error(work) or p.stderr.strip()[-300:]}",
+                    hint="CRIU's dump.log is in the work directory while the agent runs",
+                )
+            if pages is not None and (not pages.wait(60) or pages.error):
+                raise TransportError(f"the pages of {c} did not all reach the target: {pages.error or 'timed out'}")
+            rest = diff.result() if diff else rootfs_diff(node, ctr, local, there)
+        sent = self.send_rest(cid, c, key, (host, int(b["rest_port"])), local, rest)
         moved = pages.bytes["pages"] if pages else 0
         return {"seconds": dumped - t0, "total_seconds": time.time() - t0, "pages_bytes": moved, "rest_bytes": sent}
 
-    def send_rest(
-        self, cid: str, c: str, key: str, target: tuple[str, int], node: list[str], ctr: str, local: Path, there: Path
-    ) -> int:
+    def send_rest(self, cid: str, c: str, key: str, target: tuple[str, int], local: Path, diff: Path | None) -> int:
         """What CRIU wrote in the dump directory, with the container's writes to its root file system
-        (as the kubelet's archive carries them), to the target's rest channel; bytes sent."""
-        diff = local / "work" / "rootfs-diff.tar"
-        upper = _upper_dir(node, ctr)
-        if upper:
-            tar = [*node, "tar", "--numeric-owner", "-C", upper, "-cf", str(there / "work" / diff.name), "."]
-            subprocess.run(tar, check=True, capture_output=True)
-        rest = diff if upper else None
-        return self._send(cid, c, key, *target, lambda f: _pack(f, local / "checkpoint", rest))
+        (``k8s.rootfs``), to the target's rest channel; bytes sent."""
+        return self._send(cid, c, key, *target, lambda f: _pack(f, local / "checkpoint", diff))
 
     def _runc(self, node: list[str], *args: str, check: bool = True) -> bool:
         p = subprocess.run([*node, self.runc, "--root", self.runc_root, *args], capture_output=True, text=True)
@@ -369,17 +368,6 @@ class Streams:
         if not relay.wait(60) or relay.error:
             raise TransportError(f"the rest of {c}'s checkpoint did not reach the target: {relay.error}")
         return relay.bytes["pages"]  # what went to the target (the relay's forward direction)
-
-
-def _upper_dir(node: list[str], ctr: str) -> str | None:
-    """The overlay upper directory of the container's root file system, in the node's mount namespace."""
-    p = subprocess.run([*node, "cat", "/proc/self/mountinfo"], capture_output=True, text=True, check=True)
-    for line in p.stdout.splitlines():
-        fields = line.split()
-        if len(fields) > 4 and fields[4].endswith(f"/{ctr}/rootfs") and " - overlay " in line:
-            opts = line.rsplit(" ", 1)[-1].split(",")
-            return next((o.split("=", 1)[1] for o in opts if o.startswith("upperdir=")), None)
-    return None
 
 
 def _criu_error(work: Path) -> str:
