@@ -79,7 +79,21 @@ def test_the_cutover_is_one_write_and_the_slice_goes_once_the_controller_lists_t
     assert ep["addresses"] == ["10.0.1.7"] and ep["conditions"]["ready"] and ep["nodeName"] == "node-b"
     assert ep["targetRef"] == {"kind": "Pod", "namespace": NS, "name": "web-copy", "uid": "u-copy"}
     controller_slice(ctx.api, endpoint("web-copy", "10.0.1.7"))  # type: ignore[arg-type]
+    # the selectors come back only once the kubelet says the copy is Ready: listed not ready by the
+    # controller beside the operator's ready entry, kube-proxy may keep the not-ready one
+    api: FakeKubeAPI = ctx.api  # type: ignore[assignment]
+    copy = api.objects[k.pods(NS, "web-copy")]
+    ready_when_given_back: list[bool] = []
+
+    def given_back(path: str) -> None:
+        if path == k.services(NS, "web"):
+            ready_when_given_back.append(k.pod_ready(copy))
+
+    api.before_patch = given_back
+    ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    threading.Timer(0.3, lambda: copy.update(status=ready)).start()
     assert handover.release(ctx, "web-copy", 5.0) is None
+    assert ready_when_given_back == [True]
     assert ours(ctx) == [] and (ctx.api.get(k.services(NS, "web")) or {})["spec"]["selector"] == {"app": "web"}
 
 

@@ -150,8 +150,14 @@ def release(ctx: Ctx, pod: str, timeout: float) -> str | None:
     from podmigrate.k8s.phases import set_selectors
 
     rec = ctx.rec
-    set_selectors(ctx, None)
     deadline = time.monotonic() + timeout
+    # first Ready as the kubelet says: the controller's slice then lists it ready at once. Listed
+    # there not ready beside our ready entry, the same address may be taken as not ready (kube-proxy
+    # keeps one entry per address, whichever slice it reads last), and with no ready endpoint left
+    # the proxies fall back to a terminating source still serving: clients sent to a pod being killed
+    while time.monotonic() < deadline and (got := ctx.api.get(k.pods(ctx.ns, pod))) and not k.pod_ready(got):
+        time.sleep(ctx.config.poll_s / 5)
+    set_selectors(ctx, None)
     waiting = [svc for svc in rec.get("handover") or {} if ctx.api.get(k.services(ctx.ns, svc)) is not None]
     while waiting and time.monotonic() < deadline:
         waiting = [svc for svc in waiting if not any(_listed(s, pod, ready=True) for s in _controllers(ctx, svc))]
