@@ -75,6 +75,11 @@ def test_a_streamed_stop_copy_moves_the_pod_into_a_copy_that_waited_for_it(
     # handed over at the address its sandbox had; then the Service's own selector and slices again
     assert rec["pod_ip"] == copy["status"]["podIP"]
     assert handed_back(cluster)
+    # every node's connection tracking forgot the source's address (conntrack ran there, as root)
+    source_ip = pod["status"]["podIP"]
+    assert {n: sorted(done.get("deleted") or {}) for n, done in rec["conntrack"].items()} == {
+        n: [source_ip] for n in cluster.lab.nodes
+    }, rec["conntrack"]
     kept(before, after)
     wait_for(lambda: not get(cluster, "pods", "-n", NS, "--field-selector", f"metadata.name={name}")["items"], 60,
              "the source pod to be gone")  # fmt: skip

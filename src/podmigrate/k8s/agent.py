@@ -52,7 +52,7 @@ from typing import Any
 from podmigrate.agent.http import App, make_handler
 from podmigrate.agent.tls import TLSHTTPServer
 from podmigrate.errors import UsageError
-from podmigrate.k8s import serving
+from podmigrate.k8s import conntrack, serving
 from podmigrate.k8s.kubelet import CHECKPOINT_DIR, KubeletClient
 from podmigrate.k8s.policy import Policy, Refused, parse_list
 from podmigrate.k8s.restores import Restores
@@ -214,6 +214,7 @@ def build_app(
     if streams is not None:
         streams.routes(app)
     serving.routes(app)  # whether a copy serves, checked here before the kubelet's Ready (every mode but cold)
+    conntrack.routes(app)  # a moved pod's old address forgotten by this node's connection tracking
     return app
 
 

@@ -60,6 +60,7 @@ class K8sRecord(RunRecord, total=False):
     copy_uid: str  # the copy pod's uid, as created or as the restore saw it serve (its endpoints' targetRef)
     serving_s: float  # all but cold: the restore's wait until the agent saw the copy serve
     cutover_at: float
+    conntrack: dict[str, Any]  # cleanup: per node, the entries mapped to the source's address deleted
     blackout_s: float
     drift_s: float
 

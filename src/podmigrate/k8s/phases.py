@@ -22,6 +22,7 @@ from podmigrate.engine.runner import Phase, phase_table
 from podmigrate.errors import PodmigrateError
 from podmigrate.k8s import api as k
 from podmigrate.k8s import handover, proxies, stream_phases
+from podmigrate.k8s.conntrack import forget_source
 from podmigrate.k8s.context import INSTANCE, Ctx
 from podmigrate.k8s.pods import pod_copy, wait_gone, wait_ready
 from podmigrate.k8s.policy import by_digest
@@ -296,9 +297,17 @@ def cleanup(ctx: Ctx) -> None:
     if ctx.spec["mode"] == "decoupled":  # the source served until the cutover: let the proxies follow first
         steps.append(("let the Services' proxies leave the source", lambda: drain(ctx)))
     if ctx.spec["mode"] != "cold":
+        source = ctx.api.get(k.pods(ctx.ns, ctx.spec["podName"])) or {}
         steps.append(("delete source pod", lambda: ctx.api.delete(k.pods(ctx.ns, ctx.spec["podName"]))))
     if rec.get("transport") == "stream" and ctx.spec["mode"] != "decoupled":  # frozen since its dump
         steps.append(("end the frozen source", lambda: stream_phases.end_source(ctx)))
+    if ctx.spec["mode"] != "cold":  # clients' unanswered SYNs to it, remembered by the nodes
+        ip = str((source.get("status") or {}).get("podIP") or "")
+
+        def forget() -> None:
+            rec["conntrack"] = forget_source(ctx, ip)
+
+        steps.append(("forget the source's connections", forget))
     # with the source gone the Services' own selectors pick the copy alone: give them back unpinned
     if "handover" in rec:  # and the operator's slices go once the controller lists the copy
         steps.append(("hand the Services back", lambda: _warn(handover.release(ctx, rec["restored"], _handback(ctx)))))
