@@ -457,3 +457,40 @@ def test_the_engine_bench_says_what_the_guest_memory_warm_up_changed() -> None:
     assert "6.0, 4.0 s before it" in text and "2.5, 2.5 s after it" in text and "before/after 2.0" in text
     # without the pair before warming (the warm-up was off), nothing is claimed
     assert memory.effect([r for r in rows if r["method"] != memory.BEFORE], 1024) is None
+
+
+def test_the_probe_lead_before_the_freeze_ends_at_its_second_answer() -> None:
+    """start_probe waits for two answered probes (so that "last success before" exists), polling the
+    observer, and no longer; a service that never answers is not waited for past PROBE_LEAD_S."""
+    from podmigrate.engine.phases import traffic
+
+    class CountingObserver:
+        def __init__(self, answers: list[list[dict[str, Any]]]):
+            self.answers, self.reads, self.started = answers, 0, 0
+
+        def start_probe(self, probe: dict[str, Any]) -> str:
+            self.started += 1
+            return "p1"
+
+        def probe_records(self, probe_id: str) -> list[dict[str, Any]]:
+            self.reads += 1
+            return self.answers[min(self.reads, len(self.answers)) - 1]
+
+    class Ctx:
+        def __init__(self, obs: CountingObserver):
+            self.rec: dict[str, Any] = {"probe": {"host": "10.0.0.1", "port": 8000}}
+            self._obs = obs
+
+        def observer(self) -> CountingObserver:
+            return self._obs
+
+    ok, failed = {"ok": True}, {"ok": False}
+    answering = CountingObserver([[], [ok], [ok, failed], [ok, failed, ok], [ok, ok, ok, ok]])
+    ctx = Ctx(answering)
+    traffic.start_probe(ctx)  # type: ignore[arg-type]
+    assert answering.reads == 4 and ctx.rec["probe"]["id"] == "p1"
+    traffic.start_probe(ctx)  # type: ignore[arg-type]
+    assert answering.started == 1  # a probe that runs already is not started again
+    silent = CountingObserver([[failed]])
+    traffic.start_probe(Ctx(silent))  # type: ignore[arg-type]
+    assert 1 < silent.reads < 100  # polled until the lead's end, then the migration goes on
