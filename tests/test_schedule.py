@@ -31,18 +31,32 @@ def test_a_node_that_fits_moves_everything_the_least_blackout_way_longest_first(
     assert p.steps[1].blackout_s == pytest.approx(0.45)  # lazy: flat
 
 
-def test_two_at_a_time_is_taken_only_when_one_at_a_time_misses_the_deadline() -> None:
+def test_two_at_a_time_is_taken_when_one_at_a_time_misses_the_deadline_whatever_its_blackout() -> None:
     slow = {1: 1.0, 2: 1.6}
     alone = plan(workloads(), [BIG], RATES, 120, slowdown={1: 1.0}, park=PARK)
     tight = alone.end_s * 0.9  # one lane cannot make it, two can (1.6x slower each)
     p = plan(workloads(), [BIG], RATES, tight, slowdown=slow, park=PARK)
     assert set(p.considered) == {1, 2} and p.parallel == 2 and p.fits
     assert p.considered[2] < p.considered[1] and p.end_s <= tight
-    # with time to spare, one at a time: contention lengthens every blackout
+    # with time to spare, one at a time: 1.6x the blackout is more than an earlier end is worth
     roomy = plan(workloads(), [BIG], RATES, 120, slowdown=slow, park=PARK)
     assert roomy.parallel == 1 and roomy.total_blackout_s < p.total_blackout_s
     p = plan(workloads(), [BIG], RATES, tight, slowdown={1: 1.0, 2: 2.5}, park=PARK)
     assert p.parallel == 1 and not p.fits  # too much contention: two lanes would lose more
+
+
+def test_with_time_to_spare_two_lanes_are_taken_when_they_cost_at_most_half_again_the_blackout() -> None:
+    """A deadline may come sooner than announced: an earlier empty node is worth some blackout."""
+    alone = plan(workloads(), [BIG], RATES, 120, slowdown={1: 1.0}, park=PARK)
+    for factor, lanes in ((1.3, 2), (1.5, 2), (1.51, 1)):
+        p = plan(workloads(), [BIG], RATES, 120, slowdown={1: 1.0, 2: factor}, park=PARK)
+        assert p.parallel == lanes and p.fits, factor
+        assert set(p.considered) == {1, 2} and p.considered[2] < p.considered[1]
+        if lanes == 2:
+            assert p.end_s < alone.end_s and p.total_blackout_s <= 1.5 * alone.total_blackout_s + 0.01
+    # a third lane that ends no sooner is not taken for nothing
+    p = plan(workloads(), [BIG], RATES, 120, slowdown={1: 1.0, 2: 1.2, 3: 3.0}, park=PARK)
+    assert p.parallel == 2
 
 
 def test_a_reserve_keeps_every_step_that_far_before_the_deadline() -> None:

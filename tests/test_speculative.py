@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from podmigrate.errors import RuntimeBackendError
-from podmigrate.runtime import speculative
+from podmigrate.runtime import criu_conf, speculative
 from podmigrate.runtime.speculative import TOKEN, Gate, export_config
 
 from .conftest import wait_for
@@ -57,24 +57,72 @@ def gated(tmp_path: Path):
         d.mkdir(parents=True)
     ran = tmp_path / "criu-ran"
     criu = tmp_path / "real-criu"
-    criu.write_text(f'#!/bin/sh\necho "$@" > {ran}\n')
+    runc_conf, seen = tmp_path / "runc.conf", tmp_path / "criu-read"
+    runc_conf.write_text("manage-cgroups=ignore\n")
+    # what CRIU would read as runc's configuration file, written where the test can see it
+    criu.write_text(f'#!/bin/sh\necho "$@" > {ran}\ncat {runc_conf} > {seen}\n')
     criu.chmod(0o755)
     script = tmp_path / "criu"
-    script.write_text(speculative.criu_gate(gates, str(criu)))
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    script.write_text(speculative.criu_gate(gates, str(criu), runc_conf=runc_conf, runs=runs))
     script.chmod(0o755)
     runc = tmp_path / "runc"
     runc.symlink_to(sys.executable)
 
-    def run(*args: str, parent: Path = runc) -> subprocess.Popen[str]:
+    def run(*args: str, parent: Path = runc, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [str(parent), "-c", _RUNC, str(img), str(script), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             start_new_session=True,
+            env=env,
         )
 
-    return {"gates": gates, "img": img, "bundle": bundle, "ran": ran, "run": run, "script": script, "tmp": tmp_path}
+    return {
+        "gates": gates,
+        "img": img,
+        "bundle": bundle,
+        "ran": ran,
+        "run": run,
+        "script": script,
+        "tmp": tmp_path,
+        "runc_conf": runc_conf,
+        "seen": seen,
+        "runs": runs,
+    }
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace of CRIU's own needs root")
+def test_a_run_with_options_of_its_own_reads_them_as_runc_conf_and_nobody_else_does(gated):
+    """podmigrate's criu binds a run's own file over runc.conf for that CRIU alone (criu_conf)."""
+    own = gated["tmp"] / "run-1.conf"
+    own.write_text("manage-cgroups=ignore\nlazy-pages\nport=27001\n")
+    env = {**os.environ, criu_conf.RUN_ENV: str(own)}
+    p = gated["run"]("swrk", "3", env=env)
+    assert p.wait(10) == 0, p.stderr.read() if p.stderr else ""
+    assert gated["seen"].read_text() == own.read_text()
+    assert gated["ran"].read_text().split() == ["swrk", "3"]
+    assert gated["runc_conf"].read_text() == "manage-cgroups=ignore\n"  # the node's, untouched
+    p = gated["run"]("swrk", "3")  # a run without: the node's file
+    assert p.wait(10) == 0 and gated["seen"].read_text() == "manage-cgroups=ignore\n"
+    missing = {**os.environ, criu_conf.RUN_ENV: str(gated["tmp"] / "gone.conf")}
+    p = gated["run"]("swrk", "3", env=missing)  # a file already removed: the node's, not a failure
+    assert p.wait(10) == 0 and gated["seen"].read_text() == "manage-cgroups=ignore\n"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace of CRIU's own needs root")
+def test_a_checkpoint_s_own_options_are_found_by_the_container_id_runc_was_given(gated):
+    """podman runs runc's checkpoints with an environment of its own: the file is named by the ID
+    (runc's last argument; here the stand-in's, "c0ffee")."""
+    (gated["runs"] / "id-c0ffee.conf").write_text("manage-cgroups=ignore\npage-server\n")
+    p = gated["run"]("swrk", "c0ffee")
+    assert p.wait(10) == 0 and gated["seen"].read_text() == "manage-cgroups=ignore\npage-server\n"
+    other = gated["tmp"] / "podman"  # not runc's run (podman's own CRIU check): the node's file
+    other.symlink_to(sys.executable)
+    p = gated["run"]("swrk", "c0ffee", parent=other)
+    assert p.wait(10) == 0 and gated["seen"].read_text() == "manage-cgroups=ignore\n"
 
 
 def test_the_criu_gate_passes_every_other_run_straight_to_criu(gated):

@@ -261,39 +261,6 @@ def test_a_held_connection_to_a_peer_that_vanished_stops_at_once():
     srv.close()
 
 
-def test_a_criu_run_without_options_waits_for_one_with_them_and_never_reads_them(tmp_path, monkeypatch):
-    """Two migrations on one node: a plain restore must not start while a dump's page-server options
-    are in the node's CRIU file (it would take them)."""
-    import threading
-    import time
-
-    from podmigrate.runtime import criu_conf
-
-    conf = tmp_path / "runc.conf"
-    (tmp_path / "runc.conf.default").write_text("manage-cgroups=ignore\n")
-    conf.write_text("manage-cgroups=ignore\n")
-    monkeypatch.setattr(criu_conf, "CRIU_CONF", conf)
-    seen: list[str] = []
-    inside = threading.Event()
-
-    def dump() -> None:
-        with criu_conf.criu_options("page-server", "port=1234"):
-            inside.set()
-            time.sleep(0.3)
-
-    def restore() -> None:
-        inside.wait(5)
-        with criu_conf.criu_options():
-            seen.append(conf.read_text())  # what a CRIU started now would read
-
-    threads = [threading.Thread(target=dump), threading.Thread(target=restore)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(10)
-    assert seen == ["manage-cgroups=ignore\n"]
-
-
 def test_the_engine_bench_sets_security_on_beside_off_per_heap_and_method() -> None:
     from podmigrate.bench.engine import security_cost, table
 

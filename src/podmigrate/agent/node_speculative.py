@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from podmigrate.agent.checkpoints import CheckpointDir
 from podmigrate.agent.http import App, safe_id
-from podmigrate.runtime import speculative
+from podmigrate.runtime import criu_conf, speculative
 from podmigrate.runtime.speculative import Gate
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ class Speculations:
         self._lock = threading.Lock()
         for token in speculative.orphans():  # a restarted agent: the dead one's waiting restores failed
             speculative.clean_orphan(token)
+        criu_conf.forget_runs()  # and its CRIU runs' option files are nobody's now
 
     def register(self, app: App) -> None:
         app.route("GET", "/v1/containers/(?P<name>[^/]+)/skeleton")(self.skeleton)

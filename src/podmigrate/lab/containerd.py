@@ -17,7 +17,8 @@ Why each piece:
   --tcp-established"): a Service under traffic could not be migrated. ``tcp-close`` dumps such
   connections as closed and restores them closed (the pod's address changes: they could not move
   anyway); the source keeps its own. A real node sets it in ``/etc/criu/runc.conf``; in the lab that
-  file is the Podman engine's, whose migrations keep TCP connections and rewrite it per migration.
+  file is the Podman engine's, whose migrations keep TCP connections (each CRIU run of theirs reads
+  it with its own options added, ``runtime.criu_conf``).
 - the registry at ``localhost:5000`` on every node (``relay`` to the lab's registry): containerd
   2.1's CRI restore pulls the checkpoint's base image through its default resolver, which ignores
   the registry configuration and speaks plain HTTP only to localhost. One reference then works on

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TypedDict
 
 if TYPE_CHECKING:
+    from podmigrate.runtime.criu_conf import CriuRun
     from podmigrate.runtime.speculative import Gate
     from podmigrate.runtime.uffd import FaultWaker
 
@@ -62,7 +63,9 @@ class Runtime(Protocol):
     # ---- the node
     def info(self) -> dict[str, Any]: ...  # versions, ``capabilities()`` flattened, and ``capabilities``
     def capabilities(self) -> NodeCapabilities: ...  # what migrations this node can take part in
-    def criu_options(self, *lines: str) -> AbstractContextManager[None]: ...  # CRIU options for the block
+    def criu_options(  # CRIU options for the block (``criu_conf``)
+        self, *lines: str, run: CriuRun | None = None, container_id: str | None = None
+    ) -> AbstractContextManager[Path]: ...
     def cpuinfo(self) -> str | None: ...  # this CPU as CRIU records it (base64 cpuinfo.img)
     def cpuinfo_check(self, image: str) -> str | None: ...  # None: dumps from that CPU run here
     def ensure_image(self, image: str, image_id: str = "") -> dict[str, Any]: ...  # present/pulled/why

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from podmigrate.errors import RuntimeBackendError
-from podmigrate.runtime import freezer, speculative
-from podmigrate.runtime.criu_conf import CRIU_CONF, criu_log_tail, criu_spans, file_tail
-from podmigrate.runtime.podman_cli import PodmanCLI, restore_network
+from podmigrate.runtime import criu_conf, freezer, speculative
+from podmigrate.runtime.criu_conf import criu_log_tail, criu_spans, file_tail
+from podmigrate.runtime.podman_cli import CHECKPOINTING, PodmanCLI, container_info, restore_network
 from podmigrate.runtime.prefetch import read_pagemap
 from podmigrate.runtime.speculative import Gate
 from podmigrate.runtime.uffd import FaultWaker
@@ -49,11 +49,12 @@ class PodmanLazy(PodmanCLI):
         packed into ``archive`` here from the container's own directory, the way podman would. The
         times name the dump's images and the container's process, which a prefetch reads
         (``agent.node_prefetch``) while CRIU keeps the tasks frozen."""
-        fields = self._run("inspect", "-f", "{{.StaticDir}}|{{.GraphDriver.Data.UpperDir}}|{{.State.Pid}}", "--", name)
-        static_dir, upper_dir, pid = fields.stdout.strip().split("|")
-        static, upper = Path(static_dir), Path(upper_dir)
+        # all read now: the checkpoint holds the container's lock till the end
+        d = json.loads(self._run("container", "inspect", "--", name).stdout)[0]
+        static, upper, cid = Path(d["StaticDir"]), Path(d["GraphDriver"]["Data"]["UpperDir"]), str(d["Id"])
+        pid = str(d["State"]["Pid"])
         cgroup = freezer.cgroup_dir(int(pid)) if pid.isdigit() else None
-        netstatus = self._network_status(name)  # now: the checkpoint holds the container's lock till the end
+        netstatus = network_status((d.get("NetworkSettings") or {}).get("Networks") or {})
         args = [
             "podman",
             "container",
@@ -72,14 +73,22 @@ class PodmanLazy(PodmanCLI):
             criu += ("tcp-close",)
         times: dict[str, Any] = {"dump_started": time.time()}
         with (
-            self.criu_options("lazy-pages", f"address={address}", f"port={port}", *tls, *criu),
-            freezer.freeze_when_opened(CRIU_CONF, cgroup) as early,
+            self.criu_options(
+                "lazy-pages", f"address={address}", f"port={port}", *tls, *criu, container_id=cid
+            ) as conf,
+            freezer.freeze_when_opened(conf, cgroup) as early,
         ):
             # its own process group: a dump that never serves is killed whole (podman, runc, CRIU), or it
             # would hold the container's lock, and every podman command on the node behind it, forever
             proc = subprocess.Popen(
-                args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+                args,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+                env=criu_conf.block_env(),
             )
+            self.dumping[cid] = (proc, container_info(d, CHECKPOINTING))
             deadline = time.monotonic() + 600
             while not listening(port):
                 if proc.poll() is not None or time.monotonic() > deadline:
@@ -138,20 +147,8 @@ class PodmanLazy(PodmanCLI):
         return proc, times
 
     def _network_status(self, name: str) -> dict[str, Any]:
-        """The network.status podman writes into an export (netavark's status block), from inspect."""
         nets = json.loads(self._run("inspect", "-f", "{{json .NetworkSettings.Networks}}", "--", name).stdout or "{}")
-        return {
-            net: {
-                "interfaces": {
-                    "eth0": {
-                        "subnets": [{"ipnet": f"{n['IPAddress']}/{n['IPPrefixLen']}", "gateway": n["Gateway"]}],
-                        "mac_address": n["MacAddress"],
-                    }
-                }
-            }
-            for net, n in nets.items()
-            if n.get("IPAddress")
-        }
+        return network_status(nets)
 
     def skeleton(self, name: str) -> dict[str, Any]:
         """What a speculative restore of ``name`` needs from this node before the freeze
@@ -300,9 +297,13 @@ class PodmanLazy(PodmanCLI):
             with (
                 # local pages: the archive holds none, CRIU reads the images where they are
                 self.criu_options(
-                    "lazy-pages", f"work-dir={work}", *(() if address else (f"images-dir={images}",)), *hook
-                ),
-                freezer.freeze_when_opened(CRIU_CONF, None) as noted,
+                    "lazy-pages",
+                    f"work-dir={work}",
+                    *(() if address else (f"images-dir={images}",)),
+                    *hook,
+                    run=gate.criu if gate else None,
+                ) as conf,
+                freezer.freeze_when_opened(conf, None) as noted,
             ):
                 if gate is None:
                     self._run(*args, what="lazy restore")
@@ -332,6 +333,23 @@ class PodmanLazy(PodmanCLI):
 
 
 _PODMAN_FILES = {"etc/mtab", "run/.containerenv", "etc/hosts", "etc/hostname", "etc/resolv.conf"}
+
+
+def network_status(nets: dict[str, Any]) -> dict[str, Any]:
+    """The network.status podman writes into an export (netavark's status block), from inspect's
+    ``NetworkSettings.Networks``."""
+    return {
+        net: {
+            "interfaces": {
+                "eth0": {
+                    "subnets": [{"ipnet": f"{n['IPAddress']}/{n['IPPrefixLen']}", "gateway": n["Gateway"]}],
+                    "mac_address": n["MacAddress"],
+                }
+            }
+        }
+        for net, n in nets.items()
+        if n.get("IPAddress")
+    }
 
 
 def _rootfs_diff(upper: Path, bundle: Path) -> None:

@@ -9,23 +9,35 @@ from __future__ import annotations
 
 import subprocess
 from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
 
 from podmigrate.errors import RuntimeBackendError, UsageError
 from podmigrate.runtime import criu_conf
+from podmigrate.runtime.base import ContainerInfo
+
+CHECKPOINTING = "checkpointing"  # the state listed for a container in a lazy dump (``dumping``)
 
 
 class PodmanCLI:
     def __init__(self, node: str):
         self.node = node
+        # containers in a lazy dump, by ID: their podman checkpoint holds the container's lock until
+        # the last page has moved, so podman's ps and inspect would wait for it; listed from here
+        self.dumping: dict[str, tuple[subprocess.Popen[str], ContainerInfo]] = {}
 
-    def criu_options(self, *lines: str) -> AbstractContextManager[None]:
-        """Extra CRIU options for the podman commands run inside the block (see ``criu_conf``)."""
-        return criu_conf.criu_options(*lines)
+    def criu_options(
+        self, *lines: str, run: criu_conf.CriuRun | None = None, container_id: str | None = None
+    ) -> AbstractContextManager[Path]:
+        """Extra CRIU options for the podman commands run inside the block; the file their CRIU opens
+        as its configuration (see ``criu_conf``)."""
+        return criu_conf.criu_options(*lines, run=run, container_id=container_id)
 
     def _run(
         self, *args: str, timeout: float = 900, what: str | None = None, missing_ok: bool = False
     ) -> subprocess.CompletedProcess[str]:
-        p = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+        env = criu_conf.block_env()  # a CRIU run's own options, inside a criu_options block
+        p = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, env=env)
         if p.returncode:
             err = p.stderr.strip() or p.stdout.strip()
             if missing_ok and ("no such container" in err or "no such pod" in err):
@@ -47,6 +59,22 @@ class PodmanCLI:
                 },
             )
         return p
+
+
+def container_info(d: dict[str, Any], state: str | None = None) -> ContainerInfo:
+    """A container as podman's inspect describes it (``state``: instead of podman's)."""
+    nets = (d.get("NetworkSettings") or {}).get("Networks") or {}
+    cfg = d.get("Config") or {}
+    return ContainerInfo(
+        name=d["Name"],
+        id=d["Id"],
+        state=state or d["State"]["Status"],
+        image=d.get("ImageName") or cfg.get("Image", ""),
+        image_id=d.get("Image", ""),
+        ips=[n["IPAddress"] for n in nets.values() if n.get("IPAddress")],
+        pod=d.get("Pod") or None,
+        labels=cfg.get("Labels") or {},
+    )
 
 
 RESTORE_NETWORK = {

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from podmigrate.errors import RuntimeBackendError
+from podmigrate.runtime.criu_conf import CRIU_CONF, CRIU_RUNS, RUN_ENV, CriuRun
 
 GATES = Path("/run/podmigrate/gates")
 TOKEN = "podmigrate-gate"  # in the image directory: this restore waits at the gate
@@ -56,17 +57,40 @@ if [ "$1" = swrk ] && read -r comm </proc/$PPID/comm && [ "$comm" = @PARENT@ ]; 
     break
   done
 fi
+# a run with CRIU options of its own (podmigrate.runtime.criu_conf): CRIU reads them where runc
+# tells it to read the node's configuration, bound over it in a mount namespace of its own. A
+# restore's file is named in the environment (conmon hands it on); podman gives runc's checkpoints
+# no environment of ours, so a checkpoint's is named by the container's ID, runc's last argument.
+conf=${@ENV@:-}
+if [ "$1" = swrk ] && [ -z "$conf" ] && read -r comm </proc/$PPID/comm && [ "$comm" = @PARENT@ ]; then
+  id=$(tr '\\0' '\\n' </proc/$PPID/cmdline | tail -n1 | tr -cd 'A-Za-z0-9')
+  [ -n "$id" ] && conf=@RUNS@/id-$id.conf
+fi
+if [ "$1" = swrk ] && [ -n "$conf" ] && [ -f "$conf" ]; then
+  exec unshare --mount --propagation private sh -c 'mount --bind "$1" "$2" && shift 2 && exec "$@"' \\
+    sh "$conf" @RUNC_CONF@ @CRIU@ "$@"
+fi
 exec @CRIU@ "$@"
 """
 
 
-def criu_gate(gates: Path = GATES, criu: str = "/usr/sbin/criu", parent: str = "runc") -> str:
-    """The gate's text: its gates' directory, the criu it runs, the parent whose restores it holds."""
+def criu_gate(
+    gates: Path = GATES,
+    criu: str = "/usr/sbin/criu",
+    parent: str = "runc",
+    runc_conf: Path = CRIU_CONF,
+    runs: Path = CRIU_RUNS,
+) -> str:
+    """The gate's text: its gates' directory, the criu it runs, the parent whose runs it holds or
+    configures, the configuration file runc hands CRIU and where the runs' own files are."""
     return (
         _CRIU_GATE.replace("@TOKEN@", TOKEN)
         .replace("@GATES@", str(gates))
         .replace("@CRIU@", criu)
         .replace("@PARENT@", parent)
+        .replace("@ENV@", RUN_ENV)
+        .replace("@RUNC_CONF@", str(runc_conf))
+        .replace("@RUNS@", str(runs))
     )
 
 
@@ -97,8 +121,17 @@ class Gate:
     """One speculative restore: podman's process, the gate's FIFO (held open here) and, once podman
     is there, the image directory and bundle the gate reported."""
 
-    def __init__(self, token: str, name: str, proc: subprocess.Popen[str], started: float, gates: Path = GATES):
+    def __init__(
+        self,
+        token: str,
+        name: str,
+        proc: subprocess.Popen[str],
+        started: float,
+        gates: Path = GATES,
+        criu: CriuRun | None = None,
+    ):
         self.token, self.name, self.proc, self.started, self.gates = token, name, proc, started, gates
+        self.criu = criu  # the CRIU options file its podman was started with (``criu_conf``)
         self.fifo = gates / f"{token}.fifo"
         self.fd = os.open(self.fifo, os.O_RDWR)  # never blocks; its close is the waiter's EOF
         self.img: Path | None = None
@@ -194,6 +227,8 @@ class Gate:
         with contextlib.suppress(OSError):
             os.close(self.fd)
         _remove(self.gates, self.token)
+        if self.criu:
+            self.criu.remove()
 
 
 def _remove(gates: Path, token: str) -> None:
@@ -283,6 +318,17 @@ def read_descriptors(container_id: str, runc_state: Path = RUNC_STATE) -> list[s
     return fds
 
 
+def container_ids() -> list[str] | None:
+    """The IDs of every container in podman's database, read without podman's locks (None: no
+    database here, or it cannot be read)."""
+    try:
+        db = sqlite3.connect(f"file:{PODMAN_DB}?mode=ro", uri=True, timeout=5)
+        with contextlib.closing(db):
+            return [str(r[0]) for r in db.execute("SELECT ID FROM ContainerConfig")]
+    except sqlite3.Error:
+        return None
+
+
 def read_config(container_id: str) -> dict[str, Any]:
     """Podman's configuration of a container, from its database, as an export writes it."""
     try:
@@ -322,11 +368,16 @@ def start(token: str, skeleton: dict[str, Any], where: Path, *, tcp_established:
     if tcp_established:
         args.append("--tcp-established")
     started = time.time()
+    # CRIU reads its options when the gate lets it run: ``lazy.lazy_restore`` writes them then
+    criu = CriuRun(f"gate-{token}")
     # its own process group, as every podman that may be left waiting
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=criu.env
+    )
     try:
-        return Gate(token, str(skeleton["config"].get("name") or ""), proc, started)
+        return Gate(token, str(skeleton["config"].get("name") or ""), proc, started, criu=criu)
     except OSError:
         proc.kill()
         proc.communicate()
+        criu.remove()
         raise
