@@ -176,3 +176,40 @@ def test_a_workload_no_target_can_hold_is_parked_and_restored_later_with_its_hea
         assert restore(lab, name, "node-c")["state"] == "kept"
     assert heaps(lab) == before and parking.listing(lab) == []
     assert lab.world.registry == {}  # each image went with its restore
+
+
+def test_what_the_plan_gave_up_on_is_tried_again_with_the_time_left(lab: FakeLab) -> None:
+    """The plan (default rates) moves two of three in 4 s and gives up on the third; the fake lab's
+    moves take milliseconds, so the third is planned again with the time left, and moves."""
+    before = heaps(lab)
+    rec = Evacuation(lab, "node-a", deadline_s=4.0).run()
+    first = {s["workload"]: s["action"] for s in rec["plan"]["steps"]}
+    assert sorted(first.values()) == ["lost", "migrate", "migrate"]
+    assert rec["empty"] and rec["met_deadline"], rec
+    assert all(w["status"] == "moved" and w["state"] == "kept" for w in rec["workloads"])
+    assert [r["why"] for r in rec["replans"]] == ["planned as lost: tried again with the time left"]
+    assert heaps(lab) == before
+
+
+def test_what_is_still_lost_when_tried_again_is_reported_once_and_stays_where_it_runs(lab: FakeLab) -> None:
+    rec = Evacuation(lab, "node-a", deadline_s=2.0).run()
+    by = {w["workload"]: w for w in rec["workloads"]}
+    assert [s["action"] for s in rec["plan"]["steps"]].count("lost") == 2
+    assert len(rec["replans"]) == 1  # tried again once, not over and over
+    lost = [w for w in by.values() if w["status"] == "lost"]
+    assert lost and all("no way of moving it ends before the deadline" in w["why"] for w in lost)
+    assert sorted(rec["left_running"]) == sorted(w["workload"] for w in lost)
+    assert not rec["empty"] and not rec["met_deadline"]
+
+
+def test_a_pod_is_never_planned_for_a_cold_restart() -> None:
+    from podmigrate.engine.schedule import Rate, Target, Workload, plan
+
+    cold = Rate("cold", "none", 0.5, 100 * GB, 0.3, None, "test")
+    archive = Rate("stop-copy", "archive", 20.0, 0.1 * GB, 0.8, 0.1 * GB, "test")
+    ws = [Workload("pod-server", 64 << 20, "pod", "pod"), Workload("c", 64 << 20)]
+    rates = {"stop-copy/archive": archive, "lazy/stream": Rate("lazy", "stream", 20.0, GB, 0.4, None, "test")}
+    p = plan(ws, [Target("node-b", 20 * GB, 50 * GB)], rates, 5.0, cold=cold)
+    by = {s.workload: s for s in p.steps}
+    assert by["c"].action == "restart"  # a container is, when nothing else ends in time
+    assert by["pod-server"].action == "lost"  # the engine moves pods by stop-copy or decoupled only

@@ -269,12 +269,23 @@ class Evacuation:
 
     def _loop(self, pool: ThreadPoolExecutor, queue: list[Step]) -> None:
         running: dict[Future[Record], tuple[Step, Outcome]] = {}
-        while queue or running:
+        # what a plan gave up on is planned once more when a lane is free and nothing else waits, with
+        # the time then left: the rates are medians, and faster moves than predicted leave time over
+        deferred: list[Step] = []
+        tried_again: set[str] = set()
+        while queue or running or deferred:
+            if deferred and not queue and len(running) < self.parallel and not self.stopping:
+                ws = [self._workload(self.outcomes[d.workload]) for d in deferred]
+                tried_again |= {d.workload for d in deferred}
+                deferred = []
+                queue = self._replan(ws, "planned as lost: tried again with the time left")
             while queue and len(running) < self.parallel and not self.stopping:
                 step = queue.pop(0)
                 o = self.outcomes[step.workload]
                 if step.action == "lost":
                     o.status, o.why = "lost", step.why
+                    if step.workload not in tried_again:
+                        deferred.append(step)
                     continue
                 if self.elapsed() + (step.end_s - step.start_s) > self.deadline_s:
                     queue = self._replan([self._workload(o)], f"{o.label} would end after the deadline") + queue
@@ -286,6 +297,8 @@ class Evacuation:
                 running[pool.submit(self._one, step, o)] = (step, o)
             self.progress(self)
             if not running:
+                if deferred and not self.stopping:
+                    continue
                 break
             done, _ = wait(running, timeout=0.25, return_when=FIRST_COMPLETED)
             for f in done:

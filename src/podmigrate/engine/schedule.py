@@ -200,6 +200,7 @@ def _one(
         if (
             step is None
             and cold is not None
+            and w.kind != "pod"  # a Podman pod moves by stop-copy or decoupled only, never cold
             and restart_on
             and start + cold.total(w.memory) * _f(slowdown, cold) <= until
         ):
