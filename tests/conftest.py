@@ -177,8 +177,9 @@ def example(installed: Any) -> Iterator[dict[str, Any]]:
     migration, evacuation and cordon after."""
     from podmigrate.kube import install
 
-    from .kube_helpers import NS, serving
+    from .kube_helpers import NS, nodes_settled, serving
 
+    wait_for(lambda: nodes_settled(installed), 180, "every node Ready, schedulable and untainted")
     install.apply_example(installed, NS, heap_mb=64)
     _pod, st = serving(installed)
     yield st

@@ -37,6 +37,18 @@ def state_at(kube: KubeCluster, ip: str) -> dict[str, Any] | None:
         return None
 
 
+def nodes_settled(kube: KubeCluster) -> bool:
+    """Every node Ready, schedulable and without the node lifecycle controller's taints
+    (``node.kubernetes.io/not-ready`` outlives a kubelet's Ready by seconds: a test right after one
+    that killed a node's containerd found no target for its migration)."""
+    for n in get(kube, "nodes")["items"]:
+        ready = [c for c in n["status"].get("conditions") or [] if c["type"] == "Ready"]
+        taints = [t for t in n["spec"].get("taints") or [] if t["key"].startswith("node.kubernetes.io/")]
+        if not ready or ready[0]["status"] != "True" or n["spec"].get("unschedulable") or taints:
+            return False
+    return True
+
+
 def serving(kube: KubeCluster) -> tuple[dict[str, Any], dict[str, Any]]:
     """The one heapsrv pod there is, once it is Ready and answers, and its state."""
 

@@ -22,7 +22,7 @@ from podmigrate.kube import image, install
 from podmigrate.kube.cluster import KubeCluster
 
 from .conftest import wait_for
-from .kube_helpers import NS, final, get, kept, leftovers, migrate, phase_of, plm, serving
+from .kube_helpers import NS, final, get, kept, leftovers, migrate, nodes_settled, phase_of, plm, serving
 
 pytestmark = pytest.mark.lab
 
@@ -202,6 +202,7 @@ def test_the_targets_containerd_killed_while_it_restores_rolls_back(
     assert st["record"]["phase"] == "restore", st["record"]
     node = holds[0].name.removeprefix("containerd-")
     wait_for(lambda: cluster.node_ready(node), 180, f"{node} Ready again")
+    wait_for(lambda: nodes_settled(cluster), 180, f"{node} untainted again")
 
 
 def test_kubectl_drain_moves_the_opted_in_pod_and_respects_its_budget(
