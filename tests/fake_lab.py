@@ -102,6 +102,7 @@ class Node:
     reserved: set[str] = field(default_factory=set)  # checkpoint ids with memory warmed for them
     keys: dict[str, str] = field(default_factory=dict)  # checkpoint id -> seal key the controller gave
     lazy: dict[str, dict[str, Any]] = field(default_factory=dict)  # id -> source's lazy dump
+    collapses: dict[str, dict[str, Any]] = field(default_factory=dict)  # container -> its huge pages' outcome
     facts: dict[str, Any] = field(default_factory=dict)  # overrides of what GET /v1/info reports
 
 
@@ -402,7 +403,13 @@ class World:
         @app.route("POST", "/v1/containers/(?P<n>[^/]+)/huge-pages")
         def huge_pages(p: dict[str, str], b: dict[str, Any]) -> Any:
             container(p["n"])
-            return {"mode": "madvise", "ranges": 0, "bytes": 0, "collapsed_bytes": 0, "failed": {}, "seconds": 0.0}
+            done = {"mode": "madvise", "ranges": 0, "bytes": 0, "collapsed_bytes": 0, "failed": {}, "seconds": 0.0}
+            node.collapses[p["n"]] = {**done, "state": "done"}  # at once, where the agent's thread takes a while
+            return {"state": "collapsing", "started": time.time()} if b.get("background") else node.collapses[p["n"]]
+
+        @app.route("GET", "/v1/containers/(?P<n>[^/]+)/huge-pages")
+        def huge_pages_status(p: dict[str, str], b: dict[str, Any]) -> Any:
+            return node.collapses.get(p["n"], {"state": "none"})
 
         @app.route("GET", "/v1/checkpoints/(?P<cid>[^/]+)/lazy")
         def lazy_status(p: dict[str, str], b: dict[str, Any]) -> Any:

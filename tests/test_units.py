@@ -330,6 +330,7 @@ class _Target:
 
     def __init__(self, states: list[dict[str, Any]], collapse: Exception | None = None):
         self.states, self.asked, self.posted, self.collapse = states, 0, list[str](), collapse
+        self.bodies: list[Any] = []
 
     def get(self, path: str) -> dict[str, Any]:
         assert path == "/v1/checkpoints/m1/lazy"
@@ -339,6 +340,7 @@ class _Target:
 
     def post(self, path: str, body: Any = None) -> dict[str, Any]:
         self.posted.append(path)
+        self.bodies.append(body)
         if self.collapse:
             raise self.collapse
         return {"collapsed_bytes": 1 << 30, "failed": {}}
@@ -361,6 +363,8 @@ def test_a_streamed_restore_waits_for_its_local_daemon_and_fails_if_it_failed() 
     assert target.asked == 3 and ctx.rec["local_pages"]["daemon_rc"] == 0
     # once the last page is in, and only then, the copy's memory goes back into huge pages
     assert target.posted == ["/v1/containers/web/huge-pages"] and ctx.rec["huge_pages"]["collapsed_bytes"] == 1 << 30
+    # in the target agent's background: the migration does not wait for it
+    assert target.bodies == [{"background": True}]
     # the copy serves whatever the collapse did: its failure is recorded, not rolled back
     broken = _pages_ctx(_Target([done], collapse=AgentError("agent node-b: no such route")))
     local_pages(broken)

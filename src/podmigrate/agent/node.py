@@ -201,6 +201,7 @@ class NodeAgent:
 
     # ------------------------------------------------------------------ checkpoint and restore
     def checkpoint(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        self.lazy.collapses.wait(p["name"])  # no dump of memory the kernel is moving
         a = self.files.archive(b["checkpoint_id"])
         criu, relay = self.lazy.dump_to_page_server(b["checkpoint_id"], b)
         criu += network_lock(b)

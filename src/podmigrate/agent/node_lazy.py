@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from podmigrate import names, procs
 from podmigrate.agent import node_prefetch
 from podmigrate.agent.checkpoints import CheckpointDir
+from podmigrate.agent.collapses import Collapses
 from podmigrate.agent.http import App
 from podmigrate.agent.memory import Reservations
 from podmigrate.agent.node_prefetch import Prefetches
@@ -62,6 +63,7 @@ class LazyPages:
         self.relays: dict[str, pagerelay.TargetRelay] = {}
         # a lazy migration's sealed relay, by role as the jobs: the source's listener, the target's dialer
         self.lazy_relays: dict[str, pagerelay.Relay] = {}
+        self.collapses = Collapses(lambda name: rt.huge_pages(name))
 
     def register(self, app: App) -> None:
         app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/page-server")(self.page_server)
@@ -70,6 +72,7 @@ class LazyPages:
         app.route("GET", "/v1/checkpoints/(?P<cid>[^/]+)/lazy")(self.lazy_status)
         app.route("POST", "/v1/checkpoints/(?P<cid>[^/]+)/abort-lazy")(self.abort_lazy)
         app.route("POST", "/v1/containers/(?P<name>[^/]+)/huge-pages")(self.huge_pages)
+        app.route("GET", "/v1/containers/(?P<name>[^/]+)/huge-pages")(self.huge_pages_status)
         self.speculations.register(app)
 
     def stop(self, cid: str) -> None:
@@ -155,6 +158,7 @@ class LazyPages:
         key = seal.check_key(b.get("seal")) if b.get("relay") else None
         listen = "127.0.0.1" if key else self.peers.mine()
         port = self._free_port(listen)
+        self.collapses.wait(p["name"])  # no dump of memory the kernel is moving
         t0 = time.time()
         with self.files.busy(cid):
             self.jobs[f"src-{cid}"], times = self.rt.lazy_checkpoint(
@@ -292,8 +296,13 @@ class LazyPages:
         return out
 
     def huge_pages(self, p: dict[str, str], b: dict[str, Any]) -> Any:
-        """After a lazy restore's last page: the copy's memory back in huge pages (``runtime.hugepages``)."""
-        return self.rt.huge_pages(p["name"])
+        """After a lazy restore's last page: the copy's memory back in huge pages (``runtime.hugepages``),
+        in the background with ``"background": true`` (``agent.collapses``), else the outcome."""
+        started = self.collapses.start(p["name"])
+        return started if b.get("background") else self.collapses.wait(p["name"])
+
+    def huge_pages_status(self, p: dict[str, str], b: dict[str, Any]) -> Any:
+        return self.collapses.status(p["name"])
 
     def abort_lazy(self, p: dict[str, str], b: dict[str, Any]) -> Any:
         """Make a lazy dump that no target is pulling from give up: CRIU's page server gets a request

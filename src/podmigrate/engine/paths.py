@@ -1,12 +1,13 @@
-"""Fixed costs taken out of the blackout (issue 14), each of which can be put back to measure it.
+"""Fixed costs taken out of the blackout (issue 14) or out of a migration's length (issue 35), each of
+which can be put back to measure it.
 
 Every change here moved work from inside the blackout to before the freeze or after the copy's
-first answer. A migration whose plan names some of them (``Plan.old_paths``: ``podmigrate migrate
---old-paths NAME,...`` or ``all``) takes the old path for those, and its record lists the ones it
-took (``old_paths``), so that ``podmigrate bench engine --old-paths NAME`` measures a change alone,
-interleaved with the new path in one run. It belongs to that one migration: any other migration,
-in this process or on this lab, keeps the new paths. It exists for measuring only; the new paths
-are the product.
+first answer, or out of the migration altogether. A migration whose plan names some of them
+(``Plan.old_paths``: ``podmigrate migrate --old-paths NAME,...`` or ``all``) takes the old path for
+those, and its record lists the ones it took (``old_paths``), so that ``podmigrate bench engine
+--old-paths NAME`` measures a change alone, interleaved with the new path in one run. It belongs to
+that one migration: any other migration, in this process or on this lab, keeps the new paths. It
+exists for measuring only; the new paths are the product.
 """
 
 from __future__ import annotations
@@ -54,6 +55,9 @@ CHANGES = {
     "accepting what the seal proved: every frame authenticated, through the final one (transport.stream)",
     "restored-check-before-cutover": "the restored copy's state and addresses are checked after its first "
     "answer, not between the restore and the route switch",
+    "huge-pages-inside-migration": "the migration waits, in its pages phase, until the copy's memory is back in "
+    "huge pages (0.1-1.6 s here), instead of leaving that to the target agent's background (agent.collapses): "
+    "not inside the blackout either way, but inside what an evacuation waits for",
 }
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 from podmigrate.engine import breakdown, paths
 from podmigrate.engine.phases import segment
@@ -16,6 +17,9 @@ from podmigrate.engine.phases.container import cancel_speculation, checkpoint_id
 from podmigrate.engine.phases.context import Ctx
 from podmigrate.errors import AgentError, PodmigrateError
 from podmigrate.runtime import prefetch
+
+if TYPE_CHECKING:
+    from podmigrate.engine.cluster import Cluster
 
 # the smallest mappings' pages that go beside a lazy dump (agent.node_prefetch, runtime.prefetch's
 # budget); the restore waits for them at most PREFETCH_WAIT_S, then goes on fully lazy
@@ -150,15 +154,33 @@ def lazy_pages(ctx: Ctx) -> None:
 
 
 def huge_pages(ctx: Ctx) -> None:
-    """Every page is in: the copy's memory back in the huge pages userfaultfd could not give it
-    (``runtime.hugepages``). The copy serves either way, so a failure here is recorded, not rolled back."""
+    """Every page is in: the copy's memory goes back in the huge pages userfaultfd could not give it
+    (``runtime.hugepages``), in the target agent's background (``agent.collapses``): neither the copy
+    nor the released source waits for it, and an evacuation's next migration need not either. The
+    copy serves either way, so a failure here is recorded, not rolled back."""
     rec = ctx.rec
     if paths.old(rec, "small-pages-after-lazy-restore"):
         return
+    body = {"background": not paths.old(rec, "huge-pages-inside-migration")}
     try:
-        rec["huge_pages"] = ctx.agent(rec["target"]).post(f"/v1/containers/{rec['container']}/huge-pages")
+        rec["huge_pages"] = ctx.agent(rec["target"]).post(f"/v1/containers/{rec['container']}/huge-pages", body)
     except PodmigrateError as e:
         rec["huge_pages"] = {"error": str(e)[:300]}
+
+
+def collapsed(cluster: Cluster, rec: Mapping[str, Any], timeout: float = 60.0) -> dict[str, Any]:
+    """What the background collapse of a finished lazy migration's copy did, once it has ended
+    (``timeout``: then its state so far); the record's own entry when none was started."""
+    started = rec.get("huge_pages") or {}
+    if started.get("state") != "collapsing":
+        return dict(started)
+    agent = cluster.agent(rec["target"])
+    deadline = time.monotonic() + timeout
+    while True:
+        got: dict[str, Any] = agent.get(f"/v1/containers/{rec['container']}/huge-pages")
+        if got.get("state") != "collapsing" or time.monotonic() > deadline:
+            return got
+        _pause(0.02)
 
 
 def local_pages(ctx: Ctx) -> None:
