@@ -104,8 +104,8 @@ def test_bad_requests_are_refused_before_anything_changes(lab: FakeLab) -> None:
 
 
 def test_how_much_slower_two_at_once_are_is_learned_per_mode_from_past_evacuations(lab: FakeLab) -> None:
-    from podmigrate.engine.evacuate import records_dir, slowdowns
     from podmigrate.engine.rates import learn
+    from podmigrate.engine.survey import records_dir, slowdowns
 
     rates = learn([])  # the defaults: what the ratios are taken against
     mb = 256 << 20

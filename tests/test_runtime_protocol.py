@@ -18,6 +18,7 @@ from __future__ import annotations
 import ast
 import inspect
 import subprocess
+import time
 import typing
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 import pytest
 
 from podmigrate.runtime import criu_conf
+from podmigrate.runtime import podman as podman_mod
 from podmigrate.runtime.base import NodeCapabilities, Runtime
 from podmigrate.runtime.podman import Podman
 
@@ -145,8 +147,10 @@ def fake_tools(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, ...]
 
     monkeypatch.setattr(subprocess, "run", run)
     criu_conf.has_option.cache_clear()  # asked once per process: this process asks the fakes
+    podman_mod._probed.clear()  # versions are kept while the binaries are unchanged
     yield ran
     criu_conf.has_option.cache_clear()
+    podman_mod._probed.clear()
 
 
 def test_info_keeps_its_keys_and_adds_the_capabilities(fake_tools: list[tuple[str, ...]]):
@@ -166,10 +170,31 @@ def test_info_keeps_its_keys_and_adds_the_capabilities(fake_tools: list[tuple[st
     assert caps["lazy_dump_read"] is False
 
 
+def test_versions_are_asked_again_only_when_a_binary_changed_or_a_while_passed(
+    fake_tools: list[tuple[str, ...]], monkeypatch: pytest.MonkeyPatch
+):
+    node = Podman("n1")
+    node.info()
+    asked = len(fake_tools)
+    assert node.info()["podman"] == "5.4.2" and len(fake_tools) == asked  # every validate asks: no command ran
+    binaries: dict[str, tuple[object, ...]] = {n: (f"/usr/bin/{n}", 1, 2, 3) for n in ("criu", "podman", "runc")}
+    monkeypatch.setattr(podman_mod, "_binary", lambda name: binaries[name])
+    node.info()  # the keys changed (a new binary): each asked once more
+    assert fake_tools[asked:] == [("criu", "--version"), ("podman", "--version"), ("runc", "--version")]
+    binaries["podman"] = ("/usr/bin/podman", 9, 2, 3)  # podman upgraded in place
+    node.info()
+    assert fake_tools[asked + 3 :] == [("podman", "--version")]
+    later = time.monotonic() + podman_mod.PROBE_TTL_S + 1
+    monkeypatch.setattr(time, "monotonic", lambda: later)
+    node.info()  # a while later: an upgrade behind a wrapper script is seen too
+    assert len(fake_tools) == asked + 7
+
+
 def test_a_node_without_criu_has_no_page_server(monkeypatch: pytest.MonkeyPatch):
     def run(cmd: tuple[str, ...], **kw: Any) -> subprocess.CompletedProcess[str]:
         raise FileNotFoundError(cmd[0])
 
     monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(podman_mod, "_probed", {})
     caps = Podman("n1").capabilities()
     assert caps["criu"] == "missing" and caps["page_server"] is False

@@ -2,16 +2,16 @@
 
 The node is cordoned first (no workload starts or lands there again), then every running workload on
 it (containers, and pods as one) is surveyed: its resident memory, the targets' free memory and disk
-as their agents report them, the rates this lab's past migrations measured (``engine.rates``) and how
-much slower each of several concurrent migrations runs (``slowdowns``: from past evacuations, a
-default until there are some). ``engine.schedule`` plans from that; this module runs the plan, that
-many migrations at once, each one the engine's own ``controller.migrate`` in a thread (its claims,
-rollback and record are the single migration's). A migration that fails has rolled back (the
-workload serves on its node again); if its target failed (a target-side phase, or its agent stopped
-answering) that target takes no more workloads and everything not yet started is planned again on
-the others, with the time that is left; otherwise it is tried once more another way. Nothing is lost
-silently: every workload ends moved, parked in the registry (``podmigrate restore`` brings it back),
-restarted (state lost, said so), or not moved with the reason.
+as their agents report them, the rates this lab's past migrations measured (``engine.rates``) and
+how much slower each of several concurrent migrations runs (``slowdowns``: from past evacuations, a
+default until there are some), read by ``engine.survey``. ``engine.schedule`` plans from that; this
+module runs the plan, that many migrations at once, each one the engine's own ``controller.migrate``
+in a thread (its claims, rollback and record are the single migration's). A migration that fails has
+rolled back (the workload serves on its node again); if its target failed (a target-side phase, or
+its agent stopped answering) that target takes no more workloads and everything not yet started is
+planned again on the others, with the time that is left; otherwise it is tried once more another
+way. Nothing is lost silently: every workload ends moved, parked in the registry (``podmigrate
+restore`` brings it back), restarted (state lost, said so), or not moved with the reason.
 A SIGINT or SIGTERM starts no more migrations and lets the running ones finish (a migration cut
 short would roll back, not evacuate). The record (``<lab>/evacuations/<id>.json``) keeps the plan,
 every re-plan and per workload what happened; past records teach ``slowdowns``.
@@ -19,9 +19,7 @@ every re-plan and per workload what happened; past records teach ``slowdowns``.
 
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 import secrets
 import signal
 import statistics
@@ -31,7 +29,6 @@ from collections.abc import Set as AbstractSet
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
 from podmigrate import cordon
@@ -43,6 +40,7 @@ from podmigrate.engine.controller import migrate as run_migration
 from podmigrate.engine.phases import Report
 from podmigrate.engine.record import Record
 from podmigrate.engine.schedule import EvacuationPlan, Factor, Rate, Step, Target, Workload
+from podmigrate.engine.survey import exclusive, records_dir, slowdowns, survey, targets
 from podmigrate.errors import PodmigrateError, UsageError
 
 Migrate = Callable[[Cluster, Plan, Report], Record]
@@ -78,77 +76,6 @@ class Outcome:
     @property
     def label(self) -> str:
         return f"pod {self.pod}" if self.pod else self.workload
-
-
-def survey(lab: Cluster, node: str) -> list[Workload]:
-    """The running workloads on ``node``: each container, each pod once (by its first member)."""
-    if node not in lab.nodes:
-        raise UsageError(
-            f"there is no node {node!r} in lab {lab.name!r}", hint=f"its nodes are: {', '.join(lab.nodes)}"
-        )
-    agent = lab.agent(node)
-    try:
-        running = [c for c in agent.get("/v1/containers") if c["state"] == "running"]
-        pods = {c["pod"]: agent.get(f"/v1/pods/{c['pod']}") for c in running if c["pod"]}
-        alone = sorted(c["name"] for c in running if not c["pod"])
-        members = [m for p in pods.values() for m in p["members"]]
-        mem = {n: int(agent.get(f"/v1/containers/{n}/memory")["rss_bytes"]) for n in alone + members}
-    finally:
-        agent.close()
-    out = [Workload(n, mem[n], source=node) for n in alone]
-    for pod in sorted(pods.values(), key=lambda p: p["name"]):
-        if pod["members"]:  # a pod of its infra alone has nothing to move
-            out.append(Workload(pod["members"][0], sum(mem[m] for m in pod["members"]), "pod", pod["name"], node))
-    return out
-
-
-def targets(lab: Cluster, names: list[str]) -> tuple[list[Target], dict[str, str]]:
-    """Free memory and disk of each node in ``names`` that answers; the others with why not."""
-    found: list[Target] = []
-    down: dict[str, str] = {}
-    for n in names:
-        try:
-            agent = lab.agent(n, timeout=10)
-            try:
-                info = agent.get("/v1/info")
-            finally:
-                agent.close()
-        except PodmigrateError as e:
-            down[n] = e.message
-            continue
-        found.append(Target(n, int(info.get("mem_available_bytes") or 0), int(info.get("disk_free_bytes") or 0)))
-    return found, down
-
-
-def records_dir(lab: Cluster) -> Path:
-    d = lab.dir / "evacuations"
-    d.mkdir(mode=0o700, exist_ok=True)
-    return d
-
-
-def slowdowns(lab: Cluster, rates: dict[str, Rate]) -> tuple[dict[int, Factor], str]:
-    """How much slower several migrations at once were, from this lab's past evacuations."""
-    return rates_mod.slowdowns(sorted(records_dir(lab).glob("ev-*.json")), rates)
-
-
-@contextmanager
-def exclusive(lab: Cluster, node: str) -> Iterator[None]:
-    """One evacuation of a node at a time, across processes (the lock goes with the process)."""
-    path = records_dir(lab) / f"{node}.lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise UsageError(
-                f"{node} is already being evacuated (pid {os.pread(fd, 16, 0).decode().strip() or '?'})",
-                hint="wait for it to finish; it cordoned the node already",
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        yield
-    finally:
-        os.close(fd)
 
 
 @contextmanager
@@ -214,21 +141,30 @@ class Evacuation:
 
     def plan(self) -> EvacuationPlan:
         """Survey and plan; nothing changes (``--dry-run`` stops here)."""
-        workloads = survey(self.lab, self.node)
-        self.rates = rates_mod.learn(store_for(self.lab).list(limit=500))
-        self.slow, self.slow_basis = slowdowns(self.lab, self.rates)
-        if self.forced:
-            self.slow = {self.forced: self.slow.get(self.forced, 1.0 + 0.5 * (self.forced - 1))}
-        for w in workloads:
-            self.outcomes.setdefault(w.name, Outcome(w.name, w.kind, w.memory, w.source, w.pod))
-        self.first = self._plan(workloads, self.deadline_s, self.slow)
+        with ThreadPoolExecutor(1, "targets") as pool:  # the node's workloads and the targets' room at once
+            found = pool.submit(targets, self.lab, self._usable())
+            workloads = survey(self.lab, self.node)
+            self.rates = rates_mod.learn(store_for(self.lab).list(limit=500))
+            self.slow, self.slow_basis = slowdowns(self.lab, self.rates)
+            if self.forced:
+                self.slow = {self.forced: self.slow.get(self.forced, 1.0 + 0.5 * (self.forced - 1))}
+            for w in workloads:
+                self.outcomes.setdefault(w.name, Outcome(w.name, w.kind, w.memory, w.source, w.pod))
+            self.first = self._plan(workloads, self.deadline_s, self.slow, found=found.result())
         return self.first
 
+    def _usable(self) -> list[str]:
+        return [n for n in self.to if n not in self.failed_targets and n not in cordon.cordoned(self.lab)]
+
     def _plan(
-        self, ws: list[Workload], left_s: float, slow: dict[int, Factor], skip: AbstractSet[str] = frozenset()
+        self,
+        ws: list[Workload],
+        left_s: float,
+        slow: dict[int, Factor],
+        skip: AbstractSet[str] = frozenset(),
+        found: tuple[list[Target], dict[str, str]] | None = None,
     ) -> EvacuationPlan:
-        usable = [n for n in self.to if n not in self.failed_targets and n not in cordon.cordoned(self.lab)]
-        ts, down = targets(self.lab, usable)
+        ts, down = found or targets(self.lab, self._usable())
         for n, why in down.items():
             self.failed_targets[n] = f"its agent does not answer: {why}"
         rates = {k: r for k, r in self.rates.items() if k not in skip and k != rates_mod.PARK}

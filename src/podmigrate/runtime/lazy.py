@@ -146,20 +146,17 @@ class PodmanLazy(PodmanCLI):
             ]
         return proc, times
 
-    def _network_status(self, name: str) -> dict[str, Any]:
-        nets = json.loads(self._run("inspect", "-f", "{{json .NetworkSettings.Networks}}", "--", name).stdout or "{}")
-        return network_status(nets)
-
     def skeleton(self, name: str) -> dict[str, Any]:
         """What a speculative restore of ``name`` needs from this node before the freeze
         (``runtime.speculative``): podman's configuration as an export writes it, runc's standard
         descriptors, the OCI spec, the addresses."""
-        cid, static = self._run("inspect", "-f", "{{.ID}}|{{.StaticDir}}", "--", name).stdout.strip().split("|")
+        d = json.loads(self._run("container", "inspect", "--", name).stdout)[0]  # one podman command: ~40 ms
+        cid = str(d["Id"])
         return {
             "config": speculative.read_config(cid),
             "descriptors": speculative.read_descriptors(cid),
-            "spec": json.loads((Path(static) / "config.json").read_text()),
-            "network": self._network_status(name),
+            "spec": json.loads((Path(d["StaticDir"]) / "config.json").read_text()),
+            "network": network_status((d.get("NetworkSettings") or {}).get("Networks") or {}),
         }
 
     def speculate(self, token: str, skeleton: dict[str, Any], where: Path, *, tcp_established: bool = True) -> Gate:

@@ -29,11 +29,13 @@ class PodmanContainers(PodmanCLI):
     def list_containers(self) -> list[ContainerInfo]:
         """Every container of the node. One in a lazy dump is listed as this agent saw it before the
         dump, state ``checkpointing``: podman would wait for the dump's end (the whole page tail)
-        to show it, and with it every other (another migration's validate waited 1.8 s here)."""
+        to show it, and with it every other (another migration's validate waited 1.8 s here). The
+        IDs come from podman's database, read without its locks (``podman ps`` where it cannot be
+        read): one podman command less, and every migration lists both nodes."""
         for cid in [c for c, (proc, _) in list(self.dumping.items()) if proc.poll() is not None]:
             self.dumping.pop(cid, None)
         busy = {cid: info for cid, (_proc, info) in list(self.dumping.items())}
-        known = speculative.container_ids() if busy else None  # podman's database, read without its locks
+        known = speculative.container_ids()
         if known is not None:
             ids = [i for i in known if i not in busy]
         else:
