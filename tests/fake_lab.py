@@ -141,7 +141,8 @@ class World:
         return (node, c) if node and c and c.serves() else None
 
     def leftovers(self) -> dict[str, Any]:
-        """What a finished migration must not leave: archives, images, stopped copies, warmed memory."""
+        """What a finished migration must not leave: archives, images, stopped copies, warmed memory,
+        the LAN agent's probes."""
         return {
             "archives": {n: sorted(x.checkpoints) for n, x in self.nodes.items() if x.checkpoints},
             "images": sorted(self.registry),
@@ -150,6 +151,7 @@ class World:
             ],
             "reserved": {n: sorted(x.reserved) for n, x in self.nodes.items() if x.reserved},
             "lazy": {n: sorted(x.lazy) for n, x in self.nodes.items() if x.lazy},
+            "probes": sorted(self.probes),  # a probe left running goes on for its whole lease
         }
 
     # ------------------------------------------------------------------------------ transport

@@ -11,7 +11,7 @@ import pytest
 from podmigrate import cordon
 from podmigrate.engine import controller
 from podmigrate.engine.controller import Plan, migrate
-from podmigrate.engine.evacuate import Evacuation, dry_run
+from podmigrate.engine.evacuate import Evacuation, collapsed, dry_run
 from podmigrate.engine.schedule import GB
 from podmigrate.errors import UsageError
 from tests.fake_lab import FakeLab, World
@@ -46,6 +46,23 @@ def test_an_evacuation_moves_every_workload_off_the_node_cordons_it_and_keeps_a_
     assert saved["plan"]["fits"] and len(saved["plan"]["steps"]) == 3 and saved["failed_targets"] == {}
     with pytest.raises(UsageError, match="node-a is cordoned"):
         migrate(lab, Plan("stays", "node-a", "stop-copy", "stream"))  # nothing lands there again
+
+
+def test_lazy_copies_get_their_huge_pages_back_once_the_node_is_empty(lab: FakeLab) -> None:
+    rec = Evacuation(lab, "node-a", deadline_s=120).run()
+    moved = [w for w in rec["workloads"] if w["mode"] == "lazy"]
+    assert moved, rec["workloads"]  # the plan's way with this lab's default rates
+    store = controller.store_for(lab)
+    for w in moved:  # nothing collapsed while other migrations needed the CPU
+        assert (store.get(w["migration"]) or {}).get("huge_pages") == {"state": "deferred"}
+    asked = {(e["target"], e["container"]): e["state"] for e in rec["huge_pages"]}
+    assert asked == {(w["target"], w["workload"]): "collapsing" for w in moved}
+    assert [e["state"] for e in collapsed(lab, rec)] == ["done"] * len(moved)
+    # a single migration still collapses at its end, in the target agent's background
+    one = migrate(lab, Plan("stays", "node-c", "lazy", "stream"))
+    assert one["huge_pages"]["state"] == "collapsing"
+    with pytest.raises(UsageError, match="huge pages are collapsed after or deferred"):
+        migrate(lab, Plan("stays", "node-b", "lazy", "stream", huge_pages="never"))
 
 
 def test_a_target_that_fails_takes_no_more_workloads_and_the_rest_is_planned_on_the_others(lab: FakeLab) -> None:

@@ -70,7 +70,7 @@ def assert_serves_on(lab: FakeLab, node: str, before: dict[str, Any], same_proce
 
 def assert_nothing_left(lab: FakeLab) -> None:
     left = lab.world.leftovers()
-    assert left == {"archives": {}, "images": [], "stopped": [], "reserved": {}, "lazy": {}}, left
+    assert left == {"archives": {}, "images": [], "stopped": [], "reserved": {}, "lazy": {}, "probes": []}, left
 
 
 @pytest.mark.parametrize(("mode", "transport"), ROWS)

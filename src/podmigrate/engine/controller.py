@@ -71,6 +71,9 @@ class Plan:
     # its pages without TLS; old_paths takes engine.paths' old paths. Other migrations keep theirs.
     security: str = "on"
     old_paths: tuple[str, ...] = ()
+    # after a lazy restore: "after" collapses the copy's memory back into huge pages in the target
+    # agent's background; "deferred" leaves it to the caller (an evacuation, once the node is empty)
+    huge_pages: str = "after"
 
 
 def store_for(lab: Cluster) -> Store:
@@ -100,6 +103,7 @@ class LabRunner(Runner[Ctx]):
         if phase.name in PROBE_FROM:
             start_probe(self.ctx)
             entry["started"] = time.time()
+            self.save("start")  # with the probe's id: a controller dying now leaves a recoverer to stop it
 
     def after(self, phase: Phase[Ctx], took: float) -> None:
         self.ctx.report(f"✓ {phase.name.value:<10} {took:7.3f} s")
@@ -193,6 +197,8 @@ def check_request(lab: Cluster, plan: Plan) -> None:
         raise UsageError(f"unknown transport {plan.transport!r}", hint=f"transports: {', '.join(TRANSPORTS)}")
     if plan.security not in SECURITY:
         raise UsageError(f"security is on or off, not {plan.security!r}")
+    if plan.huge_pages not in ("after", "deferred"):
+        raise UsageError(f"huge pages are collapsed after or deferred, not {plan.huge_pages!r}")
     paths.parse(",".join(plan.old_paths))
     lab.require_up()
     if plan.target not in lab.nodes:
@@ -304,5 +310,8 @@ def recover(lab: Cluster, store: Store, report: Report = lambda _m: None) -> lis
             store.save(rec)
             done.append(rec)
         finally:
+            # the dead controller's probe would go on for its full lease (30 min, dozens of threads
+            # on the LAN agent, connecting to an address that may be gone): stopped whatever the end
+            stop_probe_quietly(ctx)
             ctx.close()
     return done

@@ -37,7 +37,7 @@ from podmigrate.engine import schedule
 from podmigrate.engine.cluster import Cluster
 from podmigrate.engine.controller import DEFAULT_TRANSPORT, Plan, store_for
 from podmigrate.engine.controller import migrate as run_migration
-from podmigrate.engine.phases import Report
+from podmigrate.engine.phases import Report, lazy
 from podmigrate.engine.record import Record
 from podmigrate.engine.schedule import EvacuationPlan, Factor, Rate, Step, Target, Workload
 from podmigrate.engine.survey import exclusive, records_dir, slowdowns, survey, targets
@@ -134,6 +134,7 @@ class Evacuation:
         self.slow: dict[int, Factor] = {}
         self.slow_basis = ""
         self.first: EvacuationPlan | None = None
+        self.collapse_later: list[tuple[str, str]] = []  # (target, container): lazy copies moved here
 
     # ----------------------------------------------------------------------------- planning
     def elapsed(self) -> float:
@@ -252,7 +253,10 @@ class Evacuation:
         if step.action == "park":  # no node can take it in time: into the registry, for `podmigrate restore`
             return self.migrate(self.lab, Plan(step.workload, "", "park", "registry"), note)
         assert step.target and step.mode and step.transport
-        plan = Plan(step.workload, step.target, step.mode, step.transport if step.mode != "cold" else DEFAULT_TRANSPORT)
+        transport = step.transport if step.mode != "cold" else DEFAULT_TRANSPORT
+        # a lazy copy's huge pages come back once the node is empty (_finish): collapsing them costs
+        # ~2 CPU-seconds per GB here (the kernel copies every page), which the next migrations need
+        plan = Plan(step.workload, step.target, step.mode, transport, huge_pages="deferred")
         return self.migrate(self.lab, plan, note)
 
     def _settle(self, f: Future[Record], step: Step, o: Outcome, queue: list[Step]) -> list[Step]:
@@ -268,6 +272,8 @@ class Evacuation:
                 return queue
             o.status = "restarted" if step.mode == "cold" else "moved"
             o.migration, o.blackout_s = done["id"], done.get("blackout_s")
+            if (done.get("huge_pages") or {}).get("state") == "deferred":
+                self.collapse_later.append((done["target"], done["container"]))
             o.bytes_moved, o.state = done.get("bytes_moved"), done.get("state")
             return queue
         rec: dict[str, Any] = getattr(err, "details", {}).get("record") or {}
@@ -327,9 +333,35 @@ class Evacuation:
             "workloads": [asdict(o) | {"label": o.label} for o in self.outcomes.values()],
         }
         rec["met_deadline"] = not left and emptied <= self.deadline_s
+        rec["huge_pages"] = self._collapse()
         path = records_dir(self.lab) / f"{self.id}.json"
         path.write_text(json.dumps(rec, indent=2, default=str) + "\n")
         return rec
+
+    def _collapse(self) -> list[dict[str, Any]]:
+        """The moved lazy copies' memory back into huge pages, now that nothing else is waiting: each in
+        its target agent's background (``agent.collapses``; ``collapsed`` reads the outcome)."""
+        out: list[dict[str, Any]] = []
+        for target, container in self.collapse_later:
+            entry: dict[str, Any] = {"target": target, "container": container}
+            try:
+                agent = self.lab.agent(target, timeout=10)
+                try:
+                    entry |= agent.post(f"/v1/containers/{container}/huge-pages", {"background": True})
+                finally:
+                    agent.close()
+            except PodmigrateError as e:  # the copy serves either way
+                entry |= {"state": "failed", "error": e.message[:300]}
+            out.append(entry)
+        return out
+
+
+def collapsed(lab: Cluster, rec: dict[str, Any], timeout: float = 120.0) -> list[dict[str, Any]]:
+    """What the collapses an evacuation started at its end did, once each has ended."""
+    return [
+        lazy.collapsed(lab, {**e, "huge_pages": e}, timeout) | {"container": e["container"]}
+        for e in rec.get("huge_pages") or []
+    ]
 
 
 def dry_run(ev: Evacuation) -> dict[str, Any]:

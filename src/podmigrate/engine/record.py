@@ -75,6 +75,7 @@ class PlanDict(TypedDict):
     drain_timeout: float
     security: NotRequired[str]  # on | off (measuring only); absent in records older than the field: on
     old_paths: NotRequired[tuple[str, ...] | list[str]]  # engine.paths changes to take the old path for
+    huge_pages: NotRequired[str]  # after (the default; absent in older records) | deferred
 
 
 class Security(TypedDict, total=False):

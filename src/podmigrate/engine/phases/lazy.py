@@ -161,6 +161,10 @@ def huge_pages(ctx: Ctx) -> None:
     rec = ctx.rec
     if paths.old(rec, "small-pages-after-lazy-restore"):
         return
+    plan: Mapping[str, Any] = rec.get("plan") or {}
+    if plan.get("huge_pages") == "deferred":  # its caller asks once it is done (engine.evacuate)
+        rec["huge_pages"] = {"state": "deferred"}
+        return
     body = {"background": not paths.old(rec, "huge-pages-inside-migration")}
     try:
         rec["huge_pages"] = ctx.agent(rec["target"]).post(f"/v1/containers/{rec['container']}/huge-pages", body)
