@@ -59,6 +59,22 @@ def test_with_time_to_spare_two_lanes_are_taken_when_they_cost_at_most_half_agai
     assert p.parallel == 2
 
 
+def test_in_lanes_a_step_frozen_most_of_its_length_goes_after_the_others_when_that_loses_nothing() -> None:
+    rates = {**RATES, "stop-copy/archive": Rate("stop-copy", "archive", 1.0, 0.1 * GB, 0.8, 0.1 * GB, "test")}
+    p = plan(workloads(), [BIG], rates, 120, slowdown={2: 1.3}, park=PARK)
+    starts = {s.workload: s.start_s for s in p.steps}
+    assert p.parallel == 2 and p.fits
+    assert starts["pod"] == max(starts.values()) > 0  # not beside the 1 GB move, which starts at once
+    one = plan(workloads(), [BIG], RATES, 120, slowdown={1: 1.0}, park=PARK)
+    assert one.steps[0].workload == "pod"  # one lane: longest first, as before
+    # where the pod last would not end in time, longest first stays (nothing is given up for it)
+    p = plan(workloads(), [BIG], rates, p.end_s * 0.95, slowdown={2: 1.3}, park=PARK)
+    assert p.fits and {s.workload: s.start_s for s in p.steps}["pod"] == 0.0
+    # and where it would end more than 10 % later (RATES' longer archive), too
+    p = plan(workloads(), [BIG], RATES, 120, slowdown={2: 1.3}, park=PARK)
+    assert {s.workload: s.start_s for s in p.steps}["pod"] == 0.0
+
+
 def test_a_reserve_keeps_every_step_that_far_before_the_deadline() -> None:
     p = plan(workloads(), [BIG], RATES, 20, park=PARK, reserve=0.25)
     assert p.fits and p.end_s <= 15
