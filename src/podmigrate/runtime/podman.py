@@ -46,8 +46,9 @@ def _binary(name: str) -> tuple[object, ...]:
     return (path, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def _output(*cmd: str) -> str:
-    """``cmd``'s standard output, from the last run while its binary is unchanged and fresh."""
+def _output(*cmd: str) -> str | None:
+    """``cmd``'s standard output, from the last run while its binary is unchanged and fresh (None:
+    it could not be run)."""
     key, now = _binary(cmd[0]), time.monotonic()
     seen = _probed.get(cmd)
     if seen and seen[0] == key and now - seen[1] < PROBE_TTL_S:
@@ -55,16 +56,14 @@ def _output(*cmd: str) -> str:
     try:
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired):
-        out = None
-    if out is None:
-        return "\0missing"
+        return None
     _probed[cmd] = (key, now, out)
     return out
 
 
 def _first_line(*cmd: str) -> str:
     out = _output(*cmd)
-    if out == "\0missing":
+    if out is None:
         return "missing"
     return out.strip().splitlines()[0] if out.strip() else "unknown"
 

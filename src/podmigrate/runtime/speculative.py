@@ -318,12 +318,15 @@ def read_descriptors(container_id: str, runc_state: Path = RUNC_STATE) -> list[s
     return fds
 
 
+def _podman_db() -> contextlib.closing[sqlite3.Connection]:
+    """podman's database, read-only: read without podman's locks."""
+    return contextlib.closing(sqlite3.connect(f"file:{PODMAN_DB}?mode=ro", uri=True, timeout=5))
+
+
 def container_ids() -> list[str] | None:
-    """The IDs of every container in podman's database, read without podman's locks (None: no
-    database here, or it cannot be read)."""
+    """The IDs of every container in podman's database (None: no database here, or it cannot be read)."""
     try:
-        db = sqlite3.connect(f"file:{PODMAN_DB}?mode=ro", uri=True, timeout=5)
-        with contextlib.closing(db):
+        with _podman_db() as db:
             return [str(r[0]) for r in db.execute("SELECT ID FROM ContainerConfig")]
     except sqlite3.Error:
         return None
@@ -332,8 +335,7 @@ def container_ids() -> list[str] | None:
 def read_config(container_id: str) -> dict[str, Any]:
     """Podman's configuration of a container, from its database, as an export writes it."""
     try:
-        db = sqlite3.connect(f"file:{PODMAN_DB}?mode=ro", uri=True, timeout=5)
-        with contextlib.closing(db):
+        with _podman_db() as db:
             row = db.execute("SELECT JSON FROM ContainerConfig WHERE ID = ?", (container_id,)).fetchone()
     except sqlite3.Error as e:
         raise RuntimeBackendError(f"reading podman's database failed: {e}") from e
